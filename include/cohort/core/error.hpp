@@ -77,3 +77,15 @@ class error : public std::system_error {
 
 template <>
 struct std::is_error_code_enum<cohort::errc> : std::true_type {};
+
+namespace cohort {
+
+/// What went wrong, where: the record a communicator keeps of its first failure, and what a
+/// transport passes between ranks when one of them aborts.
+struct failure {
+  std::error_code code;  ///< The cause.
+  int peer = -1;         ///< The rank the failure concerns (or that reported it), -1 if none.
+  std::string what;      ///< A sentence for a person: operation, peer and probable cause.
+};
+
+}  // namespace cohort

@@ -1,0 +1,78 @@
+/// @file
+/// all_gather: every rank ends with every rank's buffer, in rank order.
+#pragma once
+
+#include <cstring>
+#include <span>
+#include <string>
+#include <system_error>
+
+#include <cohort/collectives/detail/schedules.hpp>
+#include <cohort/core/buffer.hpp>
+#include <cohort/core/communicator.hpp>
+
+namespace cohort {
+namespace detail {
+
+template <communicator Comm, element T>
+failure all_gather(Comm& comm, const T* in, std::size_t n, T* out, std::size_t out_n,
+                   const call_options& opts) {
+  call c(comm, collective::all_gather, opts);
+  c.template describe_data<T>(n);
+  const int p = c.size();
+  T* mine = out + n * c.rank();
+  if (out_n / p < n)
+    return c.invalid("output holds " + std::to_string(out_n) + " elements, " +
+                     std::to_string(p) + " ranks x " + std::to_string(n) + " needed"), c.result();
+  if (in != mine && partly_overlap(in, n, static_cast<const T*>(out), out_n))
+    return c.invalid("input overlaps output without being this rank's block of it"), c.result();
+  if (!c.start()) return c.result();
+  if (in != mine && n > 0) std::memcpy(mine, in, n * sizeof(T));
+  const std::size_t row = n * sizeof(T);
+  if (ring_all_gather(c, reinterpret_cast<std::byte*>(out), [&](int i) { return block{row * i, row}; }))
+    c.finish();
+  return c.result();
+}
+
+}  // namespace detail
+
+/// Gathers every rank's `in` (n elements, the same n on every rank) into `out` in rank order:
+/// rank i's elements land at out[i*n, (i+1)*n).
+///
+/// Every rank calls it with the same n and element type; `out` holds at least P*n elements.
+/// Schedule: ring, P-1 steps, each rank sending (P-1)*n elements. Results are bitwise copies,
+/// identical on every rank. Throws `cohort::error`.
+template <communicator Comm, class In, class Out>
+  requires detail::buffer_pair<In, Out>
+void all_gather(Comm& comm, const In& in, Out&& out, const call_options& opts = {}) {
+  detail::throw_if_failed(detail::all_gather(comm, std::ranges::data(in), std::ranges::size(in),
+                                             std::ranges::data(out), std::ranges::size(out),
+                                             opts), "all_gather");
+}
+
+/// As above; reports failure through `ec` (details in `comm.last_failure()`).
+template <communicator Comm, class In, class Out>
+  requires detail::buffer_pair<In, Out>
+void all_gather(Comm& comm, const In& in, Out&& out, const call_options& opts,
+                std::error_code& ec) {
+  ec = detail::all_gather(comm, std::ranges::data(in), std::ranges::size(in),
+                          std::ranges::data(out), std::ranges::size(out), opts).code;
+}
+
+/// In place: `data` holds P blocks of size()/P elements; this rank's block is already filled.
+template <communicator Comm, mutable_buffer Data>
+void all_gather(Comm& comm, Data&& data, const call_options& opts = {}) {
+  std::span all(data);
+  const std::size_t n = all.size() / comm.size();
+  all_gather(comm, all.subspan(n * comm.rank(), n), all, opts);
+}
+
+/// In place, reporting failure through `ec`.
+template <communicator Comm, mutable_buffer Data>
+void all_gather(Comm& comm, Data&& data, const call_options& opts, std::error_code& ec) {
+  std::span all(data);
+  const std::size_t n = all.size() / comm.size();
+  all_gather(comm, all.subspan(n * comm.rank(), n), all, opts, ec);
+}
+
+}  // namespace cohort

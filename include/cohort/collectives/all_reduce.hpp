@@ -1,0 +1,132 @@
+/// @file
+/// all_reduce: every rank ends with the reduction of every rank's buffer.
+#pragma once
+
+#include <cstring>
+#include <span>
+#include <string>
+#include <system_error>
+
+#include <cohort/collectives/detail/schedules.hpp>
+#include <cohort/core/buffer.hpp>
+#include <cohort/core/communicator.hpp>
+#include <cohort/core/ops.hpp>
+
+namespace cohort {
+namespace detail {
+
+// Gathers every contribution (P-1 steps of n elements) and reduces in rank order: one
+// accumulation in accumulator_t<T> and one rounding per element, the same on every rank.
+template <class Call, element T, class Op>
+bool all_reduce_small(Call& c, const T* in, T* out, std::size_t n, const Op& op) {
+  const int p = c.size();
+  const std::size_t row = n * sizeof(T);
+  auto rows = c.comm().scratch(row * p);
+  if (n > 0) std::memcpy(rows.data() + row * c.rank(), in, row);
+  if (!ring_all_gather(c, rows.data(), [&](int i) { return block{row * i, row}; })) return false;
+  const T* x = reinterpret_cast<const T*>(rows.data());
+  for (std::size_t i = 0; i < n; ++i) {
+    accumulator_t<T> acc = widen(x[i]);
+    for (int q = 1; q < p; ++q) acc = op(acc, widen(x[q * n + i]));
+    if constexpr (finalizing_reduction_for<Op, T>) acc = op.finalize(acc, p);
+    out[i] = narrow<T>(acc);
+  }
+  return true;
+}
+
+template <communicator Comm, element T, class Op>
+failure all_reduce(Comm& comm, const T* in, std::size_t n, T* out, std::size_t out_n,
+                   const Op& op, const call_options& opts) {
+  call c(comm, collective::all_reduce, opts);
+  c.template describe_data<T>(n);
+  c.template describe_op<Op>();
+  if (out_n < n)
+    return c.invalid("output holds " + std::to_string(out_n) + " elements, input " +
+                     std::to_string(n)), c.result();
+  if (partly_overlap(in, n, out, out_n))
+    return c.invalid("input and output overlap without being the same buffer"), c.result();
+  if (!c.start()) return c.result();
+  const int p = c.size();
+  bool ok = true;
+  if (p == 1) {
+    finalize(in, out, n, op, 1);
+  } else if (n * sizeof(T) <= tuning::small_all_reduce_bytes) {
+    ok = all_reduce_small(c, in, out, n, op);
+  } else if constexpr (!is_commutative_v<Op>) {
+    ok = chain_reduce(c, in, out, n, op, 0, comm.scratch(chain_reduce_scratch)) &&
+         chain_broadcast(c, reinterpret_cast<std::byte*>(out), n * sizeof(T), p - 1);
+  } else {
+    auto staging = comm.scratch(staging_bytes);
+    ok = ring_reduce_scatter(c, in, n, op, [&](int, block b) { return out + b.offset; }, staging) &&
+         ring_all_gather(c, reinterpret_cast<std::byte*>(out), [&](int i) {
+           const block b = block_of(n, p, i);
+           return block{b.offset * sizeof(T), b.count * sizeof(T)};
+         });
+  }
+  if (ok) c.finish();
+  return c.result();
+}
+
+template <class In, class Out, class Op>
+concept all_reduce_args = buffer_pair<In, Out> && reduction_for<Op, buffer_element_t<Out>>;
+
+}  // namespace detail
+
+/// Reduces `in` across all ranks with `op`; every rank receives the result in `out`.
+///
+/// Every rank of `comm` calls it, with the same element count, element type and op.
+/// `out` holds at least `in.size()` elements; `in` and `out` may be the same buffer.
+/// Schedule: above 4 KiB, a ring reduce-scatter then a ring all-gather, 2(P-1) steps, each
+/// rank sending 2(P-1)/P of the buffer, pipelined in 256 KiB chunks; up to 4 KiB, the ranks
+/// gather every buffer (P-1 steps) and reduce locally. An op that does not commute is combined
+/// in rank order 0..P-1, through a chain reduce and a chain broadcast.
+/// Determinism: the combination order is fixed by P, n and the rank, never by timing, so every
+/// rank gets bitwise the same result, and repeated calls the same result. fp16 and bf16 are
+/// combined in fp32 and rounded once per step. Throws `cohort::error` on failure.
+template <communicator Comm, class In, class Out, class Op>
+  requires detail::all_reduce_args<In, Out, Op>
+void all_reduce(Comm& comm, const In& in, Out&& out, const Op& op, const call_options& opts = {}) {
+  detail::throw_if_failed(detail::all_reduce(comm, std::ranges::data(in), std::ranges::size(in),
+                                             std::ranges::data(out), std::ranges::size(out), op,
+                                             opts), "all_reduce");
+}
+
+/// As above; reports failure through `ec` (details in `comm.last_failure()`).
+template <communicator Comm, class In, class Out, class Op>
+  requires detail::all_reduce_args<In, Out, Op>
+void all_reduce(Comm& comm, const In& in, Out&& out, const Op& op, const call_options& opts,
+                std::error_code& ec) {
+  ec = detail::all_reduce(comm, std::ranges::data(in), std::ranges::size(in),
+                          std::ranges::data(out), std::ranges::size(out), op, opts).code;
+}
+
+/// As above, with the communicator's default deadline.
+template <communicator Comm, class In, class Out, class Op>
+  requires detail::all_reduce_args<In, Out, Op>
+void all_reduce(Comm& comm, const In& in, Out&& out, const Op& op, std::error_code& ec) {
+  all_reduce(comm, in, out, op, call_options{}, ec);
+}
+
+/// In place: reduces `data` across all ranks and leaves the result in `data`.
+template <communicator Comm, mutable_buffer Data, class Op>
+  requires reduction_for<Op, buffer_element_t<Data>>
+void all_reduce(Comm& comm, Data&& data, const Op& op, const call_options& opts = {}) {
+  all_reduce(comm, std::span(data), std::span(data), op, opts);
+}
+
+/// In place, reporting failure through `ec`.
+template <communicator Comm, mutable_buffer Data, class Op>
+  requires reduction_for<Op, buffer_element_t<Data>>
+void all_reduce(Comm& comm, Data&& data, const Op& op, const call_options& opts,
+                std::error_code& ec) {
+  all_reduce(comm, std::span(data), std::span(data), op, opts, ec);
+}
+
+/// In place, reporting failure through `ec`, with the default deadline.
+template <communicator Comm, mutable_buffer Data, class Op>
+  requires reduction_for<Op, buffer_element_t<Data>>
+void all_reduce(Comm& comm, Data&& data, const Op& op, std::error_code& ec) {
+  all_reduce(comm, std::span(data), std::span(data), op, call_options{}, ec);
+}
+
+}  // namespace cohort

@@ -1,0 +1,68 @@
+/// @file
+/// broadcast: every rank ends with the root's buffer.
+#pragma once
+
+#include <cstring>
+#include <span>
+#include <string>
+#include <system_error>
+
+#include <cohort/collectives/detail/schedules.hpp>
+#include <cohort/core/buffer.hpp>
+#include <cohort/core/communicator.hpp>
+
+namespace cohort {
+namespace detail {
+
+template <communicator Comm, element T>
+failure broadcast(Comm& comm, const T* in, T* data, std::size_t n, int root,
+                  const call_options& opts) {
+  call c(comm, collective::broadcast, opts);
+  c.template describe_data<T>(n);
+  c.describe_root(root);
+  if (root < 0 || root >= c.size())
+    return c.invalid("root " + std::to_string(root) + " is not a rank of a group of " +
+                     std::to_string(c.size())), c.result();
+  if (c.rank() == root && partly_overlap(in, n, static_cast<const T*>(data), n))
+    return c.invalid("input and output overlap without being the same buffer"), c.result();
+  if (!c.start()) return c.result();
+  if (c.rank() == root && in != data && n > 0) std::memcpy(data, in, n * sizeof(T));
+  if (c.size() == 1 || chain_broadcast(c, reinterpret_cast<std::byte*>(data), n * sizeof(T), root))
+    c.finish();
+  return c.result();
+}
+
+}  // namespace detail
+
+/// Copies the root's `data` into `data` on every other rank.
+///
+/// Every rank calls it with the same element count, element type and root. Schedule: a
+/// pipelined chain root, root+1, ..., root-1 in 256 KiB chunks: P-1 hops of latency, each rank
+/// but the last sending the buffer once, so the time approaches one buffer's transfer as the
+/// buffer grows. Results are bitwise copies. Throws `cohort::error`.
+template <communicator Comm, mutable_buffer Data>
+void broadcast(Comm& comm, Data&& data, int root, const call_options& opts = {}) {
+  detail::throw_if_failed(detail::broadcast(comm, std::ranges::data(data), std::ranges::data(data),
+                                            std::ranges::size(data), root, opts), "broadcast");
+}
+
+/// As above; reports failure through `ec` (details in `comm.last_failure()`).
+template <communicator Comm, mutable_buffer Data>
+void broadcast(Comm& comm, Data&& data, int root, const call_options& opts, std::error_code& ec) {
+  ec = detail::broadcast(comm, std::ranges::data(data), std::ranges::data(data),
+                         std::ranges::size(data), root, opts).code;
+}
+
+/// Out of place: the root sends `in`; every rank, the root included, receives into `out`
+/// (`in` is read on the root only; `out.size()` elements move).
+template <communicator Comm, class In, class Out>
+  requires detail::buffer_pair<In, Out>
+void broadcast(Comm& comm, const In& in, Out&& out, int root, const call_options& opts = {}) {
+  const bool short_in = comm.rank() == root && std::ranges::size(in) < std::ranges::size(out);
+  if (short_in)
+    throw error(errc::invalid_argument, "broadcast", -1, "broadcast: input shorter than output");
+  detail::throw_if_failed(detail::broadcast(comm, std::ranges::data(in), std::ranges::data(out),
+                                            std::ranges::size(out), root, opts), "broadcast");
+}
+
+}  // namespace cohort

@@ -1,0 +1,191 @@
+/// @file
+/// One collective call in flight: its deadline, the header check across ranks, waits that
+/// turn transport errors into failures that name the operation and the peer.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <cohort/core/communicator.hpp>
+#include <cohort/core/dtype.hpp>
+#include <cohort/core/error.hpp>
+#include <cohort/core/ops.hpp>
+#include <cohort/core/options.hpp>
+
+namespace cohort::detail {
+
+enum class collective : std::uint8_t {
+  all_reduce = 1, reduce_scatter, all_gather, broadcast, reduce, barrier
+};
+
+constexpr std::string_view collective_name(collective c) noexcept {
+  switch (c) {
+    case collective::all_reduce: return "all_reduce";
+    case collective::reduce_scatter: return "reduce_scatter";
+    case collective::all_gather: return "all_gather";
+    case collective::broadcast: return "broadcast";
+    case collective::reduce: return "reduce";
+    case collective::barrier: return "barrier";
+  }
+  return "unknown collective";
+}
+
+/// What every rank announces to its right neighbour at the start of each call. Because each
+/// rank compares with its left neighbour, and the ring closes, any disagreement anywhere is
+/// seen by at least one rank, which then aborts the others.
+struct call_header {
+  static constexpr std::uint32_t magic_value = 0x43485254;  // "CHRT"
+  std::uint32_t magic = magic_value;
+  std::uint8_t kind = 0;        // collective
+  std::uint8_t type = 0;        // dtype, 0xff for none
+  std::uint16_t reserved = 0;
+  std::uint64_t sequence = 0;
+  std::uint64_t count = 0;      // elements each rank passes (see each collective)
+  std::uint32_t op_tag = 0;     // reduction_tag<Op>(), 0 for none
+  std::int32_t root = -1;       // -1 for none
+};
+static_assert(sizeof(call_header) == 32);
+
+inline bool operator==(const call_header& a, const call_header& b) noexcept {
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
+
+/// "all_gather #17 with 4096 f32", "reduce #3 with 10 i32 sum to root 2".
+inline std::string describe(const call_header& h) {
+  if (h.magic != call_header::magic_value) return "a malformed call header";
+  std::string s(collective_name(static_cast<collective>(h.kind)));
+  s += " #" + std::to_string(h.sequence);
+  if (static_cast<collective>(h.kind) == collective::barrier) return s;
+  s += " with " + std::to_string(h.count) + " ";
+  s += h.type == 0xff ? std::string_view("?") : dtype_name(static_cast<dtype>(h.type));
+  constexpr std::string_view builtin[] = {"", "sum", "prod", "min", "max", "avg"};
+  if (h.op_tag >= 1 && h.op_tag <= 5) s += " " + std::string(builtin[h.op_tag]);
+  else if (h.op_tag != 0) s += " user-defined op " + std::to_string(h.op_tag);
+  if (h.root >= 0) s += (static_cast<collective>(h.kind) == collective::broadcast ? " from root " : " to root ") + std::to_string(h.root);
+  return s;
+}
+
+/// The state of one call: built at entry, it checks arguments, exchanges headers and waits.
+template <communicator Comm>
+class call {
+ public:
+  using request = typename Comm::transport_type::request;
+
+  call(Comm& comm, collective kind, const call_options& opts)
+      : comm_(comm), kind_(kind), sequence_(comm.next_sequence()),
+        until_(clock::now() + (opts.timeout.count() > 0 ? opts.timeout : comm.timeout())),
+        rank_(comm.rank()), size_(comm.size()) {
+    header_.kind = static_cast<std::uint8_t>(kind);
+    header_.sequence = sequence_;
+  }
+
+  Comm& comm() { return comm_; }
+  auto& transport() { return comm_.transport(); }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int left() const { return (rank_ + size_ - 1) % size_; }
+  int right() const { return (rank_ + 1) % size_; }
+  deadline until() const { return until_; }
+  const failure& result() const { return result_; }
+
+  /// Describes the call in the header: element type, count, reduction, root.
+  template <element T>
+  void describe_data(std::size_t count) {
+    header_.type = static_cast<std::uint8_t>(dtype_of<T>);
+    header_.count = count;
+  }
+  template <class Op>
+  void describe_op() { header_.op_tag = reduction_tag<Op>(); }
+  void describe_root(int root) { header_.root = root; }
+
+  /// Rejects bad arguments before anything is sent; does not poison.
+  bool invalid(std::string what) {
+    result_ = {make_error_code(errc::invalid_argument), -1, prefix() + std::move(what)};
+    return false;
+  }
+
+  /// Fails at once if poisoned; otherwise posts this rank's header to the right and the
+  /// receive of the left neighbour's. Post the first data sends, then `check_header()`.
+  bool start() {
+    if (const failure* f = comm_.last_failure()) {
+      result_ = {make_error_code(errc::poisoned), f->peer,
+                 prefix() + "the communicator failed earlier and must be rebuilt: " + f->what};
+      return false;
+    }
+    if (size_ == 1) return true;
+    header_send_ = transport().send(right(), std::as_bytes(std::span(&header_, 1)));
+    header_recv_ = transport().recv(left(), std::as_writable_bytes(std::span(&theirs_, 1)));
+    return true;
+  }
+
+  /// Waits for the left neighbour's header and fails with `errc::mismatch` unless it agrees.
+  bool check_header() {
+    if (size_ == 1 || checked_) return true;
+    checked_ = true;
+    if (!wait(header_recv_, left())) return false;
+    if (theirs_ == header_) return true;
+    return fail(errc::mismatch, left(),
+                "rank " + std::to_string(left()) + " called " + describe(theirs_) + ", rank " +
+                    std::to_string(rank_) + " called " + describe(header_));
+  }
+
+  /// Completes the call: the header send must have been taken too.
+  bool finish() {
+    if (size_ == 1) return true;
+    return check_header() && wait(header_send_, right());
+  }
+
+  /// Waits for `r` (an operation with `peer`), turning a transport error into a failure.
+  bool wait(request& r, int peer) {
+    std::error_code ec;
+    transport().wait(r, until_, ec);
+    if (!ec) return true;
+    return fail_transport(ec, peer);
+  }
+
+  /// Fails with what the transport reported about an operation with `peer`.
+  bool fail_transport(std::error_code ec, int peer) {
+    if (const failure* remote = transport().remote_failure())
+      return fail(remote->code, remote->peer,
+                  "rank " + std::to_string(remote->peer) + " failed: " + remote->what);
+    if (ec == errc::timed_out)
+      return fail(ec, peer, "timed out waiting for rank " + std::to_string(peer) +
+                                " (is it stuck, or did it skip this call?)");
+    if (ec == errc::peer_lost)
+      return fail(ec, peer, "lost rank " + std::to_string(peer) +
+                                " (it exited, crashed or closed its connection)");
+    return fail(ec, peer, "rank " + std::to_string(peer) + ": " + ec.message());
+  }
+
+  /// Records a failure, poisons the communicator and aborts the peers.
+  bool fail(std::error_code code, int peer, std::string what) {
+    result_ = {code, peer, prefix() + std::move(what)};
+    comm_.fail(result_);
+    return false;
+  }
+
+ private:
+  std::string prefix() const {
+    return std::string(collective_name(kind_)) + " #" + std::to_string(sequence_) + ": ";
+  }
+
+  Comm& comm_;
+  collective kind_;
+  std::uint64_t sequence_;
+  deadline until_;
+  int rank_, size_;
+  call_header header_{}, theirs_{};
+  request header_send_{}, header_recv_{};
+  bool checked_ = false;
+  failure result_{};
+};
+
+/// Ends a call for the throwing overloads: throws `cohort::error` if it failed.
+inline void throw_if_failed(const failure& f, std::string_view operation) {
+  if (f.code) throw error(f.code, std::string(operation), f.peer, f.what);
+}
+
+}  // namespace cohort::detail

@@ -1,0 +1,187 @@
+/// @file
+/// The schedules every collective is built from, written once over the transport concept:
+/// ring reduce-scatter, ring all-gather, pipelined chain broadcast and chain reduce.
+///
+/// All data moves rightward, rank r to rank r+1 (mod P), the same direction as the call
+/// header, so that each stream carries the header of a call before its data.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+
+#include <cohort/collectives/detail/call.hpp>
+#include <cohort/collectives/detail/kernels.hpp>
+#include <cohort/collectives/detail/tuning.hpp>
+#include <cohort/core/buffer.hpp>
+#include <cohort/core/concepts.hpp>
+
+namespace cohort::detail {
+
+template <class T>
+std::span<const std::byte> bytes_of(const T* p, std::size_t n) {
+  return {reinterpret_cast<const std::byte*>(p), n * sizeof(T)};
+}
+template <class T>
+std::span<std::byte> writable_bytes_of(T* p, std::size_t n) {
+  return {reinterpret_cast<std::byte*>(p), n * sizeof(T)};
+}
+
+/// Scratch bytes `recv_reduce` needs for staging on a transport that lends no views.
+inline constexpr std::size_t staging_bytes = 2 * tuning::chunk_bytes;
+
+/// Receives `n` elements from `peer` and writes dst[i] = op(received[i], mine[i]), applying
+/// the op's finalize when `last`. `dst` may alias `mine`. Reduces straight out of the
+/// transport's memory when it lends views; else through two staging chunks, reducing one while
+/// the next arrives.
+template <class Call, element T, class Op>
+bool recv_reduce(Call& c, int peer, const T* mine, T* dst, std::size_t n, const Op& op,
+                 bool last, std::span<std::byte> staging) {
+  if (n == 0) return true;
+  if (!c.check_header()) return false;
+  auto apply = [&](const T* received, std::size_t off, std::size_t k) {
+    if (last) combine_last(received, mine + off, dst + off, k, op, c.size());
+    else combine(received, mine + off, dst + off, k, op);
+  };
+  auto& t = c.transport();
+  if constexpr (zero_copy_transport<std::remove_reference_t<decltype(t)>>) {
+    for (std::size_t done = 0; done < n;) {
+      std::error_code ec;
+      auto view = t.recv_view(peer, (n - done) * sizeof(T), sizeof(T), c.until(), ec);
+      if (ec) return c.fail_transport(ec, peer);
+      const std::size_t k = view.size() / sizeof(T);
+      apply(reinterpret_cast<const T*>(view.data()), done, k);
+      t.recv_release(peer, view.size());
+      done += k;
+    }
+  } else {
+    const std::size_t chunk = tuning::chunk_bytes / sizeof(T);
+    const std::size_t chunks = (n + chunk - 1) / chunk;
+    T* buf[2] = {reinterpret_cast<T*>(staging.data()),
+                 reinterpret_cast<T*>(staging.data() + tuning::chunk_bytes)};
+    typename Call::request req[2];
+    auto len = [&](std::size_t k) { return std::min(chunk, n - k * chunk); };
+    auto post = [&](std::size_t k) {
+      req[k % 2] = t.recv(peer, writable_bytes_of(buf[k % 2], len(k)));
+    };
+    post(0);
+    if (chunks > 1) post(1);
+    for (std::size_t k = 0; k < chunks; ++k) {
+      if (!c.wait(req[k % 2], peer)) return false;
+      apply(buf[k % 2], k * chunk, len(k));
+      if (k + 2 < chunks) post(k + 2);
+    }
+  }
+  return true;
+}
+
+/// Receives `bytes` from `peer` into `dst` (after the header check), waiting for it.
+template <class Call>
+bool recv_into(Call& c, int peer, std::span<std::byte> dst) {
+  if (dst.empty()) return true;
+  if (!c.check_header()) return false;
+  auto req = c.transport().recv(peer, dst);
+  return c.wait(req, peer);
+}
+
+/// Ring reduce-scatter: P-1 steps; at step s rank r sends block r-s-1 to the right and reduces
+/// block r-s-2 arriving from the left, so that block r ends fully reduced (finalized) at r.
+/// `dest(step, block)` says where the partial reduced at `step` goes; the previous step's
+/// destination is what is sent next. Each block is combined in the fixed order r+1, ..., r,
+/// so the result does not depend on timing.
+template <class Call, element T, class Op, class Dest>
+bool ring_reduce_scatter(Call& c, const T* in, std::size_t n, const Op& op, Dest dest,
+                         std::span<std::byte> staging) {
+  const int p = c.size(), r = c.rank();
+  const T* previous = nullptr;
+  for (int s = 0; s + 1 < p; ++s) {
+    const block sb = block_of(n, p, (r - s - 1 + 2 * p) % p);
+    const block rb = block_of(n, p, (r - s - 2 + 2 * p) % p);
+    const T* src = s == 0 ? in + sb.offset : previous;
+    auto req = c.transport().send(c.right(), bytes_of(src, sb.count));
+    T* dst = dest(s, rb);
+    if (!recv_reduce(c, c.left(), in + rb.offset, dst, rb.count, op, s + 2 == p, staging))
+      return false;
+    if (!c.wait(req, c.right())) return false;
+    previous = dst;
+  }
+  return true;
+}
+
+/// Ring all-gather over `data`: block r (`block_at(r)`, in bytes) is this rank's and already in
+/// place; P-1 steps, at step s sending block r-s right and receiving block r-s-1 from the left.
+template <class Call, class BlockAt>
+bool ring_all_gather(Call& c, std::byte* data, BlockAt block_at) {
+  const int p = c.size(), r = c.rank();
+  for (int s = 0; s + 1 < p; ++s) {
+    const block sb = block_at((r - s + p) % p), rb = block_at((r - s - 1 + p) % p);
+    auto req = c.transport().send(c.right(), std::span<const std::byte>(data + sb.offset, sb.count));
+    if (!recv_into(c, c.left(), {data + rb.offset, rb.count})) return false;
+    if (!c.wait(req, c.right())) return false;
+  }
+  return true;
+}
+
+/// Pipelined chain broadcast of `bytes` along root, root+1, ..., root-1: each rank forwards
+/// chunk k to the right while chunk k+1 arrives from the left.
+template <class Call>
+bool chain_broadcast(Call& c, std::byte* data, std::size_t bytes, int root) {
+  const int p = c.size(), pos = (c.rank() - root + p) % p;
+  const bool receives = pos > 0, forwards = pos + 1 < p;
+  const std::size_t chunk = tuning::chunk_bytes, chunks = (bytes + chunk - 1) / chunk;
+  auto piece = [&](std::size_t k) {
+    return std::span<std::byte>(data + k * chunk, std::min(chunk, bytes - k * chunk));
+  };
+  if (receives && chunks > 0 && !c.check_header()) return false;
+  typename Call::request in[2], out[2];
+  if (receives) {
+    in[0] = c.transport().recv(c.left(), piece(0));
+    if (chunks > 1) in[1] = c.transport().recv(c.left(), piece(1));
+  }
+  for (std::size_t k = 0; k < chunks; ++k) {
+    if (receives) {
+      if (!c.wait(in[k % 2], c.left())) return false;
+      if (k + 2 < chunks) in[k % 2] = c.transport().recv(c.left(), piece(k + 2));
+    }
+    if (forwards) {
+      if (!c.wait(out[k % 2], c.right())) return false;  // two sends in flight at most
+      out[k % 2] = c.transport().send(c.right(), piece(k));
+    }
+  }
+  return c.wait(out[0], c.right()) && c.wait(out[1], c.right());
+}
+
+/// Scratch bytes `chain_reduce` needs on a rank that is not the chain's last.
+inline constexpr std::size_t chain_reduce_scratch = 2 * tuning::chunk_bytes + staging_bytes;
+
+/// Pipelined chain reduce along first, first+1, ..., first+P-1 (mod P): the last rank of the
+/// chain ends with op(x_first, ..., x_last), combined in exactly that order (so ordered ops are
+/// right when first == 0) and finalized, in `out`. `scratch`: `chain_reduce_scratch` bytes.
+template <class Call, element T, class Op>
+bool chain_reduce(Call& c, const T* in, T* out, std::size_t n, const Op& op, int first,
+                  std::span<std::byte> scratch) {
+  const int p = c.size(), pos = (c.rank() - first + p) % p;
+  const bool last = pos + 1 == p;
+  const std::size_t chunk = tuning::chunk_bytes / sizeof(T), chunks = (n + chunk - 1) / chunk;
+  T* buf[2] = {reinterpret_cast<T*>(scratch.data()),
+               reinterpret_cast<T*>(scratch.data() + tuning::chunk_bytes)};
+  auto staging = scratch.subspan(2 * tuning::chunk_bytes);
+  typename Call::request sent[2];
+  for (std::size_t k = 0; k < chunks; ++k) {
+    const std::size_t off = k * chunk, len = std::min(chunk, n - off);
+    const T* result = in + off;
+    if (pos > 0) {
+      T* dst = last ? out + off : buf[k % 2];
+      if (!last && !c.wait(sent[k % 2], c.right())) return false;  // buffer free again
+      if (!recv_reduce(c, c.left(), in + off, dst, len, op, last, staging)) return false;
+      result = dst;
+    }
+    if (!last) {
+      if (pos == 0 && !c.wait(sent[k % 2], c.right())) return false;
+      sent[k % 2] = c.transport().send(c.right(), bytes_of(result, len));
+    }
+  }
+  return c.wait(sent[0], c.right()) && c.wait(sent[1], c.right());
+}
+
+}  // namespace cohort::detail

@@ -1,0 +1,42 @@
+// The collective suite on the in-process transport: ranks are threads.
+#include "../support.hpp"
+
+#include "suite.hpp"
+
+namespace ct = cohort::test;
+
+namespace {
+
+constexpr int rank_counts[] = {1, 2, 3, 4, 7};
+
+template <class T, class Op>
+void run_suite(const Op& op, bool reducing_only) {
+  for (int p : rank_counts) {
+    for (std::size_t n : ct::counts_for<T>(p)) {
+      for (ct::kind k : ct::every_kind) {
+        if (reducing_only != ct::reduces(k)) continue;
+        const int root = p - 1 - static_cast<int>(n % static_cast<std::size_t>(p));
+        INFO(ct::kind_name(k), " P=", p, " n=", n, " root=", root);
+        CHECK_NOTHROW(cohort::run_loopback(p, [&](auto& comm) {
+          ct::check<T>(comm, k, op, n, root, 1234 + n);
+        }));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("every reduction on the loopback transport", T, float, double, std::int32_t,
+                   cohort::fp16, cohort::bf16) {
+  run_suite<T>(cohort::ops::sum, true);
+  run_suite<T>(cohort::ops::prod, true);
+  run_suite<T>(cohort::ops::min, true);
+  run_suite<T>(cohort::ops::max, true);
+  if constexpr (!std::is_integral_v<T>) run_suite<T>(cohort::ops::avg, true);
+}
+
+TEST_CASE_TEMPLATE("data movement on the loopback transport", T, float, double, std::int32_t,
+                   cohort::fp16, cohort::bf16) {
+  run_suite<T>(cohort::ops::sum, false);
+}
