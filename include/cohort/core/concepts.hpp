@@ -16,7 +16,10 @@
 /// different peers, and in both directions, proceed at the same time (full duplex). A transport
 /// may buffer nothing: callers post every send of a step before they wait on its receives.
 /// `wait` fails with `errc::timed_out` at the deadline, `errc::peer_lost` when the peer is gone,
-/// or with the code a peer passed to `abort`.
+/// or with the code a peer passed to `abort`. A failed collective returns with operations still
+/// pending, after calling `abort`: once `abort` returns, no pending operation may read or write
+/// the caller's memory again. Streams are FIFO, so completing a later request on a stream
+/// completes the earlier ones; requests need not all be waited on.
 #pragma once
 
 #include <concepts>

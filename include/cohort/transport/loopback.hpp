@@ -42,6 +42,13 @@ struct channel {
   std::deque<pending_send> sends;
   std::size_t head_taken = 0;           // bytes of sends.front() already taken
   std::atomic<std::uint64_t> taken{0};  // bytes taken since the start, ever growing
+  std::atomic<bool> viewing{false};     // the receiver holds a view of sends.front()
+
+  // Drops the sender's pending sends, then waits until the receiver no longer reads them.
+  void withdraw() {
+    { std::lock_guard lk(m); sends.clear(); head_taken = 0; }
+    while (viewing.load(std::memory_order_acquire)) std::this_thread::yield();
+  }
 };
 
 struct rank_state {
@@ -103,12 +110,7 @@ class loopback_transport {
   /// Detaches: peers waiting on this rank fail with `errc::peer_lost`.
   ~loopback_transport() {
     if (!world_) return;
-    for (int p = 0; p < size(); ++p) {
-      auto& ch = world_->channel(rank_, p);
-      std::lock_guard lk(ch.m);
-      ch.sends.clear();  // the buffers die with this rank
-      ch.head_taken = 0;
-    }
+    withdraw_sends();  // the buffers die with this rank
     world_->ranks_[rank_].alive = false;
     world_->notify_all();
   }
@@ -156,6 +158,7 @@ class loopback_transport {
       std::size_t n = std::min(s.size - ch.head_taken, max) / align * align;
       assert(n > 0 && "sends on this stream were not multiples of align");
       view = {s.data + ch.head_taken, n};
+      ch.viewing.store(true, std::memory_order_release);
       return true;
     }, peer, until, ec);
     return ec ? std::span<const std::byte>{} : view;
@@ -166,12 +169,16 @@ class loopback_transport {
     auto& ch = world_->channel(peer, rank_);
     {
       std::lock_guard lk(ch.m);
-      take(ch, n);
+      if (!ch.sends.empty()) take(ch, n);  // else the sender withdrew them
     }
+    ch.viewing.store(false, std::memory_order_release);
     world_->notify(peer);
   }
 
+  /// Fails every pending operation here and at the peers; this rank's pending sends are
+  /// withdrawn, so no peer reads the caller's buffers after `abort` returns.
   void abort(const failure& f) noexcept {
+    withdraw_sends();
     {
       std::lock_guard lk(world_->failure_m_);
       if (!world_->failure_) {
@@ -197,6 +204,11 @@ class loopback_transport {
     std::byte* data;
     std::size_t size;
   };
+
+  void withdraw_sends() {
+    for (int p = 0; p < size(); ++p)
+      if (p != rank_) world_->channel(rank_, p).withdraw();
+  }
 
   bool complete(const request& r) const {
     if (r.peer < 0) return true;

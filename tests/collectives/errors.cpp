@@ -1,0 +1,273 @@
+// Failures a user can cause or meet, on the in-process transport: every one ends in the right
+// error code, naming the operation and the peer, within the deadline.
+#include "../support.hpp"
+
+#include <chrono>
+#include <latch>
+#include <mutex>
+#include <vector>
+
+#include <cohort/cohort.hpp>
+
+using namespace std::chrono_literals;
+using cohort::errc;
+
+namespace {
+
+// Runs fn(comm) on P threads and collects what each rank threw (nullopt: returned normally).
+struct outcome {
+  std::error_code code;
+  std::string what;
+  std::string operation;
+  int peer = -2;
+  bool threw = false;
+};
+
+template <class Fn>
+std::vector<outcome> run_collecting(int p, Fn fn) {
+  std::vector<outcome> out(p);
+  cohort::run_loopback(p, [&](cohort::loopback_communicator& comm) {
+    try {
+      fn(comm);
+    } catch (const cohort::error& e) {
+      out[comm.rank()] = {e.code(), e.what(), e.operation(), e.peer(), true};
+    }
+  });
+  return out;
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("ranks calling different collectives get errc::mismatch with both sides described") {
+  auto out = run_collecting(2, [](auto& comm) {
+    std::vector<float> v(1024, 1.0f), all(2048);
+    comm.set_timeout(5s);
+    if (comm.rank() == 0) cohort::all_reduce(comm, v, cohort::ops::sum);
+    else cohort::all_gather(comm, v, all);
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank ", r, ": ", out[r].what);
+    CHECK(out[r].threw);
+    CHECK(out[r].code == errc::mismatch);
+  }
+  // Rank 0 compares with its left neighbour, rank 1 (or hears of rank 1's verdict first).
+  const std::string& w = out[0].what;
+  INFO(w);
+  CHECK(contains(w, "all_reduce #0 with 1024 f32 sum"));
+  CHECK(contains(w, "all_gather #0 with 1024 f32"));
+}
+
+TEST_CASE("disagreeing counts, types, ops and roots are each a mismatch on every rank") {
+  using fn = void (*)(cohort::loopback_communicator&);
+  const fn cases[] = {
+      [](cohort::loopback_communicator& c) {  // count
+        std::vector<float> v(c.rank() == 2 ? 100 : 99);
+        cohort::all_reduce(c, v, cohort::ops::sum);
+      },
+      [](cohort::loopback_communicator& c) {  // element type
+        if (c.rank() == 2) {
+          std::vector<double> v(64);
+          cohort::all_reduce(c, v, cohort::ops::sum);
+        } else {
+          std::vector<float> v(64);
+          cohort::all_reduce(c, v, cohort::ops::sum);
+        }
+      },
+      [](cohort::loopback_communicator& c) {  // reduction
+        std::vector<float> v(5000);
+        if (c.rank() == 2) cohort::all_reduce(c, v, cohort::ops::max);
+        else cohort::all_reduce(c, v, cohort::ops::sum);
+      },
+      [](cohort::loopback_communicator& c) {  // root
+        std::vector<int> v(10);
+        cohort::broadcast(c, v, c.rank() == 2 ? 2 : 0);
+      },
+      [](cohort::loopback_communicator& c) {  // sequence: rank 2 skipped a call
+        std::vector<int> v(10);
+        if (c.rank() != 2) cohort::barrier(c);
+        cohort::broadcast(c, v, 0);
+      },
+  };
+  for (fn f : cases) {
+    auto out = run_collecting(3, [f](auto& comm) {
+      comm.set_timeout(5s);
+      f(comm);
+    });
+    for (int r = 0; r < 3; ++r) {
+      INFO("rank ", r, ": ", out[r].what);
+      CHECK(out[r].code == errc::mismatch);
+    }
+  }
+}
+
+TEST_CASE("a rank that never calls makes the others time out within the deadline") {
+  std::latch others_done(2);
+  auto start = std::chrono::steady_clock::now();
+  auto out = run_collecting(3, [&](auto& comm) {
+    if (comm.rank() == 1) {
+      others_done.wait();  // stays alive but never calls
+      return;
+    }
+    std::vector<float> v(100000, 1.0f);
+    try {
+      cohort::all_reduce(comm, v, cohort::ops::sum, {.timeout = 300ms});
+    } catch (...) {
+      others_done.count_down();
+      throw;
+    }
+    others_done.count_down();
+  });
+  auto elapsed = std::chrono::steady_clock::now() - start;
+  CHECK(elapsed >= 300ms);
+  CHECK(elapsed < 3s);
+  for (int r : {0, 2}) {
+    INFO("rank ", r, ": ", out[r].what);
+    CHECK(out[r].code == errc::timed_out);
+    CHECK(out[r].operation == "all_reduce");
+  }
+  // Rank 2 waits on its left neighbour, rank 1, directly.
+  CHECK((out[2].peer == 1 || out[0].peer == 1));
+  CHECK((contains(out[2].what, "rank 1") || contains(out[0].what, "rank 1")));
+}
+
+TEST_CASE("after a failure the communicator is poisoned: later calls fail at once") {
+  std::latch ready(2);
+  run_collecting(2, [&](auto& comm) {
+    std::vector<float> v(10);
+    if (comm.rank() == 1) {
+      ready.arrive_and_wait();
+      return;  // never takes part: rank 0 times out
+    }
+    std::error_code ec;
+    cohort::all_reduce(comm, v, cohort::ops::sum, {.timeout = 100ms}, ec);
+    ready.arrive_and_wait();
+    CHECK(ec == errc::timed_out);
+    REQUIRE(comm.last_failure() != nullptr);
+    CHECK(contains(comm.last_failure()->what, "all_reduce #0"));
+    CHECK(comm.poisoned());
+    auto t0 = std::chrono::steady_clock::now();
+    cohort::barrier(comm, {}, ec);
+    CHECK(ec == errc::poisoned);
+    CHECK(std::chrono::steady_clock::now() - t0 < 50ms);
+    try {
+      cohort::broadcast(comm, v, 0);
+      FAIL("a poisoned communicator accepted a call");
+    } catch (const cohort::error& e) {
+      CHECK(e.code() == errc::poisoned);
+      CHECK(contains(e.what(), "all_reduce #0"));  // says what poisoned it
+    }
+  });
+}
+
+TEST_CASE("a peer that leaves mid-call is errc::peer_lost naming it") {
+  auto out = run_collecting(2, [](auto& comm) {
+    comm.set_timeout(5s);
+    if (comm.rank() == 1) return;  // its transport is destroyed: the peer is gone
+    std::vector<float> v(1 << 20, 1.0f);
+    cohort::all_reduce(comm, v, cohort::ops::sum);
+  });
+  CHECK(out[0].code == errc::peer_lost);
+  CHECK(out[0].peer == 1);
+  CHECK(contains(out[0].what, "lost rank 1"));
+}
+
+TEST_CASE("abort reaches every peer with the reason") {
+  std::latch waiting(1);
+  auto out = run_collecting(3, [&](auto& comm) {
+    comm.set_timeout(5s);
+    std::vector<float> v(1000, 1.0f);
+    if (comm.rank() == 0) {
+      std::this_thread::sleep_for(50ms);  // let the others block in the call
+      comm.abort("operator pressed stop");
+      CHECK(comm.poisoned());
+      return;
+    }
+    cohort::all_reduce(comm, v, cohort::ops::sum);
+  });
+  for (int r : {1, 2}) {
+    INFO("rank ", r, ": ", out[r].what);
+    CHECK(out[r].code == errc::aborted);
+    CHECK(out[r].peer == 0);
+    CHECK(contains(out[r].what, "operator pressed stop"));
+  }
+}
+
+TEST_CASE("bad arguments are rejected before anything is sent, without poisoning") {
+  run_collecting(3, [](auto& comm) {
+    std::vector<float> in(100), small(10);
+    std::error_code ec;
+    cohort::all_reduce(comm, in, small, cohort::ops::sum, {}, ec);
+    CHECK(ec == errc::invalid_argument);
+    cohort::broadcast(comm, in, 3, {}, ec);
+    CHECK(ec == errc::invalid_argument);
+    cohort::broadcast(comm, in, -1, {}, ec);
+    CHECK(ec == errc::invalid_argument);
+    cohort::all_gather(comm, in, small, {}, ec);
+    CHECK(ec == errc::invalid_argument);
+    // Overlapping, but not identical, input and output.
+    cohort::all_reduce(comm, std::span(in).first(50), std::span(in).subspan(10, 50),
+                       cohort::ops::sum, {}, ec);
+    CHECK(ec == errc::invalid_argument);
+    CHECK_FALSE(comm.poisoned());
+    cohort::barrier(comm);  // still healthy: every rank rejected the same calls
+  });
+}
+
+TEST_CASE("a short output at the root only: the root is told, the others fail, none hangs") {
+  auto out = run_collecting(3, [](auto& comm) {
+    std::vector<float> in(100), small(comm.rank() == 0 ? 10 : 0);
+    cohort::reduce(comm, in, small, cohort::ops::sum, 0, {.timeout = 300ms});
+  });
+  CHECK(out[0].code == errc::invalid_argument);
+  CHECK(out[0].operation == "reduce");
+  CHECK(contains(out[0].what, "output holds 10 elements"));
+  for (int r : {1, 2}) {
+    INFO("rank ", r, ": ", out[r].what);
+    CHECK((out[r].code == errc::timed_out || out[r].code == errc::peer_lost));
+  }
+}
+
+TEST_CASE("ordered user ops are combined in rank order 0..P-1") {
+  // op(a, b) = a is associative and not commutative: the result must be rank 0's value;
+  // op(a, b) = b must give rank P-1's. Any other order gives another rank's value.
+  auto first = cohort::ops::ordered([](auto a, auto) { return a; });
+  auto last = cohort::ops::ordered([](auto, auto b) { return b; });
+  static_assert(!cohort::is_commutative_v<decltype(first)>);
+  for (int p : {2, 3, 4, 7}) {
+    for (std::size_t n : {std::size_t{3}, std::size_t{5000}, std::size_t{300001}}) {
+      CAPTURE(p);
+      CAPTURE(n);
+      cohort::run_loopback(p, [&](auto& comm) {
+        std::vector<std::int32_t> v(n, comm.rank() * 10 + 1), out(n), mine;
+        cohort::all_reduce(comm, v, out, first);
+        CHECK(out.front() == 1);
+        CHECK(out.back() == 1);
+        cohort::all_reduce(comm, v, out, last);
+        CHECK(out[n / 2] == (p - 1) * 10 + 1);
+        for (int root : {0, p - 1, p / 2}) {
+          std::vector<std::int32_t> r(n, -5);
+          cohort::reduce(comm, v, r, last, root);
+          if (comm.rank() == root) CHECK(r.back() == (p - 1) * 10 + 1);
+          else CHECK(r.back() == -5);
+        }
+        mine.resize(cohort::block_of(n, p, comm.rank()).count);
+        cohort::reduce_scatter(comm, v, mine, first);
+        if (!mine.empty()) CHECK(mine.front() == 1);
+      });
+    }
+  }
+}
+
+TEST_CASE("a commutative user lambda runs on the ring") {
+  auto sum_sq = cohort::ops::commutative([](auto a, auto b) { return a + b; });
+  cohort::run_loopback(4, [&](auto& comm) {
+    std::vector<double> v(100000, comm.rank() + 1.0);
+    cohort::all_reduce(comm, v, sum_sq);
+    CHECK(v[0] == 10.0);
+    CHECK(v[99999] == 10.0);
+  });
+}
