@@ -40,3 +40,13 @@ TEST_CASE_TEMPLATE("data movement on the loopback transport", T, float, double, 
                    cohort::fp16, cohort::bf16) {
   run_suite<T>(cohort::ops::sum, false);
 }
+
+TEST_CASE_TEMPLATE("random floats: bitwise equal on every rank, within (P+1)·eps·Σ|x| of exact",
+                   T, float, double, cohort::fp16, cohort::bf16) {
+  for (int p : {2, 3, 4, 7}) {
+    for (std::size_t n : {std::size_t{1000}, std::size_t{100'003}}) {
+      INFO("P=", p, " n=", n);
+      CHECK_NOTHROW(cohort::run_loopback(p, [&](auto& comm) { ct::check_rounding<T>(comm, n, 99 + n); }));
+    }
+  }
+}

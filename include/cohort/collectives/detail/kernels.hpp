@@ -2,25 +2,53 @@
 /// Element-wise host kernels the schedules call: combine two buffers with a reduction.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <span>
 
 #include <cohort/core/dtype.hpp>
 #include <cohort/core/ops.hpp>
 
 namespace cohort::detail {
 
-/// out[i] = op(a[i], b[i]), accumulated in `accumulator_t<T>`. `out` may alias `a` or `b`.
+// 16-bit floats are converted in blocks through the bulk conversions, which vectorize, and
+// combined in fp32; a block of two inputs stays in L1.
+inline constexpr std::size_t widen_block = 512;
+
+inline void widen_n(const fp16* in, float* out, std::size_t n) { from_fp16({in, n}, {out, n}); }
+inline void widen_n(const bf16* in, float* out, std::size_t n) { from_bf16({in, n}, {out, n}); }
+inline void narrow_n(const float* in, fp16* out, std::size_t n) { to_fp16({in, n}, {out, n}); }
+inline void narrow_n(const float* in, bf16* out, std::size_t n) { to_bf16({in, n}, {out, n}); }
+
+/// out[i] = last(op(a[i], b[i])), accumulated in `accumulator_t<T>` and rounded once.
+/// `out` may alias `a` or `b`.
+template <element T, class Op, class Last>
+void combine_with(const T* a, const T* b, T* out, std::size_t n, const Op& op, Last last) {
+  if constexpr (is_16bit_float<T>) {
+    float fa[widen_block], fb[widen_block];
+    for (std::size_t i = 0; i < n; i += widen_block) {
+      const std::size_t k = std::min(widen_block, n - i);
+      widen_n(a + i, fa, k);
+      widen_n(b + i, fb, k);
+      for (std::size_t j = 0; j < k; ++j) fa[j] = last(op(fa[j], fb[j]));
+      narrow_n(fa, out + i, k);
+    }
+  } else {
+    for (std::size_t i = 0; i < n; ++i) out[i] = last(op(a[i], b[i]));
+  }
+}
+
+/// out[i] = op(a[i], b[i]). `out` may alias `a` or `b`.
 template <element T, class Op>
 void combine(const T* a, const T* b, T* out, std::size_t n, const Op& op) {
-  for (std::size_t i = 0; i < n; ++i) out[i] = narrow<T>(op(widen(a[i]), widen(b[i])));
+  combine_with(a, b, out, n, op, [](accumulator_t<T> v) { return v; });
 }
 
 /// Like `combine`, then applies `op.finalize(., ranks)` where the op has one, in one rounding.
 template <element T, class Op>
 void combine_last(const T* a, const T* b, T* out, std::size_t n, const Op& op, int ranks) {
   if constexpr (finalizing_reduction_for<Op, T>) {
-    for (std::size_t i = 0; i < n; ++i)
-      out[i] = narrow<T>(op.finalize(op(widen(a[i]), widen(b[i])), ranks));
+    combine_with(a, b, out, n, op, [&](accumulator_t<T> v) { return op.finalize(v, ranks); });
   } else {
     combine(a, b, out, n, op);
   }
@@ -32,7 +60,7 @@ void finalize(const T* in, T* out, std::size_t n, const Op& op, int ranks) {
   if constexpr (finalizing_reduction_for<Op, T>) {
     for (std::size_t i = 0; i < n; ++i) out[i] = narrow<T>(op.finalize(widen(in[i]), ranks));
   } else if (in != out) {
-    for (std::size_t i = 0; i < n; ++i) out[i] = in[i];
+    std::copy(in, in + n, out);
   }
 }
 
