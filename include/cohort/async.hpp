@@ -1,0 +1,8 @@
+/// @file
+/// The asynchronous layer: the progress thread, `async_` collectives with Asio completion
+/// tokens, and gradient bucketing. Needs Boost.Asio (>= 1.81); not for files nvcc compiles.
+#pragma once
+
+#include <cohort/async/collectives.hpp>
+#include <cohort/async/gradient_buckets.hpp>
+#include <cohort/async/progress_thread.hpp>

@@ -1,0 +1,85 @@
+/// @file
+/// The progress thread: runs a communicator's collectives in the background, in order.
+///
+/// Asio lives here and in the async headers only; `cohort.hpp` does not include them, so code
+/// that nvcc compiles never sees Asio.
+#pragma once
+
+#include <exception>
+#include <thread>
+#include <utility>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+
+#include <cohort/core/communicator.hpp>
+
+namespace cohort {
+
+/// A thread that owns the right to call collectives on `comm` and runs the operations handed
+/// to it one after the other, in the order they were started.
+///
+/// This is how communication overlaps computation (NCCL's proxy thread, Horovod's background
+/// thread): the caller starts `async_all_reduce` and goes on computing. While a progress
+/// thread exists, start every collective on `comm` through it; the communicator itself is not
+/// thread-safe. The destructor waits for the operations already started.
+template <communicator Comm>
+class progress_thread {
+ public:
+  /// Starts the thread; `comm` must outlive this object.
+  explicit progress_thread(Comm& comm)
+      : comm_(comm), work_(boost::asio::make_work_guard(context_)),
+        thread_([this] { context_.run(); }) {}
+
+  progress_thread(const progress_thread&) = delete;
+  progress_thread& operator=(const progress_thread&) = delete;
+
+  /// Finishes the operations already started, then joins the thread.
+  ~progress_thread() {
+    work_.reset();
+    thread_.join();
+  }
+
+  /// The communicator the operations run on.
+  Comm& comm() { return comm_; }
+
+  /// Starts `fn(comm)` on the thread after every operation started before it, and completes
+  /// `token` with `void(std::exception_ptr)`: null on success, else what `fn` threw (a
+  /// `cohort::error` from a collective). The handler runs on its associated executor (the
+  /// progress thread for a plain callback; the caller's executor for `use_awaitable`).
+  template <class Fn, class CompletionToken>
+  auto start(Fn fn, CompletionToken&& token) {
+    return boost::asio::async_initiate<CompletionToken, void(std::exception_ptr)>(
+        [this](auto handler, Fn f) {
+          auto work = boost::asio::make_work_guard(boost::asio::get_associated_executor(handler));
+          boost::asio::post(context_, [this, f = std::move(f), handler = std::move(handler),
+                                       work = std::move(work)]() mutable {
+            std::exception_ptr failure;
+            try {
+              f(comm_);
+            } catch (...) {
+              failure = std::current_exception();
+            }
+            auto executor = work.get_executor();
+            work.reset();
+            boost::asio::dispatch(executor, [handler = std::move(handler), failure]() mutable {
+              std::move(handler)(failure);
+            });
+          });
+        },
+        token, std::move(fn));
+  }
+
+ private:
+  Comm& comm_;
+  boost::asio::io_context context_{1};
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
+  std::thread thread_;
+};
+
+}  // namespace cohort
