@@ -43,7 +43,7 @@ failure reduce_scatter(Comm& comm, const T* in, std::size_t n, T* out, std::size
     T* full = reinterpret_cast<T*>(all.data() + chain_reduce_scratch);
     ok = chain_reduce(c, in, full, n, op, 0, all.first(chain_reduce_scratch)) &&
          chain_broadcast(c, reinterpret_cast<std::byte*>(full), n * sizeof(T), p - 1);
-    if (ok) std::memcpy(out, full + mine.offset, mine.count * sizeof(T));
+    if (ok && mine.count > 0) std::memcpy(out, full + mine.offset, mine.count * sizeof(T));
   } else if (in_place) {
     T* work = const_cast<T*>(in);  // the caller passed it as mutable
     ok = ring_reduce_scatter(c, in, n, op, [&](int, block b) { return work + b.offset; },
