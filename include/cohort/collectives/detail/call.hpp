@@ -139,7 +139,10 @@ class call {
   }
 
   /// Waits for `r` (an operation with `peer`), turning a transport error into a failure.
+  /// The first wait of a call checks the header first: two ranks that disagree may both be
+  /// waiting on sends the other never receives, and only the header tells them why.
   bool wait(request& r, int peer) {
+    if (!checked_ && &r != &header_recv_ && !check_header()) return false;
     std::error_code ec;
     transport().wait(r, until_, ec);
     if (!ec) return true;
