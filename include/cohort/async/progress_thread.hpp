@@ -65,11 +65,12 @@ class progress_thread {
             } catch (...) {
               failure = std::current_exception();
             }
-            auto executor = work.get_executor();
+            // The guard keeps the handler's executor running until the handler is handed over.
+            boost::asio::dispatch(work.get_executor(),
+                                  [handler = std::move(handler), failure]() mutable {
+                                    std::move(handler)(failure);
+                                  });
             work.reset();
-            boost::asio::dispatch(executor, [handler = std::move(handler), failure]() mutable {
-              std::move(handler)(failure);
-            });
           });
         },
         token, std::move(fn));
