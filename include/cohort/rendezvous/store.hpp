@@ -1,0 +1,153 @@
+/// @file
+/// The store interface ranks meet at: a key-value store with waits that have deadlines.
+///
+/// | expression            | semantics |
+/// |-----------------------|-----------|
+/// | `s.set(key, value)`   | sets `key`, replacing any value |
+/// | `s.try_get(key)`      | the value now, or nullopt |
+/// | `s.get(key, until)`   | waits until `key` exists, then its value; `timed_out` at `until` |
+/// | `s.add(key, n)`       | adds `n` to the integer at `key` (absent: 0), returns the sum |
+/// | `s.wait(keys, until)` | waits for every key; at `until`: `timed_out` and the ones missing |
+///
+/// `add` is atomic; values are bytes, integers in decimal.
+///
+/// Every operation has a throwing overload (`cohort::error`, operation "store.<name>") and an
+/// `std::error_code&` one; `last_error()` holds the sentence that goes with the last code.
+/// Models: `tcp_store` (a server one rank hosts), `file_store` (a shared directory),
+/// `redis_store` (a Redis server; needs hiredis). No Asio in any of them.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include <cohort/core/error.hpp>
+#include <cohort/core/options.hpp>
+
+namespace cohort {
+
+/// A key-value store with deadlines, shared by the ranks of a job (see the table above).
+class store {
+ public:
+  virtual ~store() = default;
+
+  /// Sets `key` to `value`.
+  void set(std::string_view key, std::string_view value, std::error_code& ec) {
+    ec.clear();
+    do_set(key, value, ec);
+  }
+  void set(std::string_view key, std::string_view value) {
+    std::error_code ec;
+    set(key, value, ec);
+    throw_if(ec, "set");
+  }
+
+  /// The value of `key` now, or nullopt when it is absent.
+  std::optional<std::string> try_get(std::string_view key, std::error_code& ec) {
+    ec.clear();
+    return do_try_get(key, ec);
+  }
+  std::optional<std::string> try_get(std::string_view key) {
+    std::error_code ec;
+    auto v = try_get(key, ec);
+    throw_if(ec, "try_get");
+    return v;
+  }
+
+  /// Waits until `key` exists and returns its value; `errc::timed_out` at `until`.
+  std::string get(std::string_view key, deadline until, std::error_code& ec) {
+    const std::string k(key);
+    if (wait(std::span(&k, 1), until, ec); ec) return {};
+    auto v = try_get(key, ec);
+    return v ? std::move(*v) : std::string();
+  }
+  std::string get(std::string_view key, deadline until) {
+    std::error_code ec;
+    auto v = get(key, until, ec);
+    throw_if(ec, "get");
+    return v;
+  }
+
+  /// Adds `n` to the integer at `key` (0 when absent) and returns the new value.
+  std::int64_t add(std::string_view key, std::int64_t n, std::error_code& ec) {
+    ec.clear();
+    return do_add(key, n, ec);
+  }
+  std::int64_t add(std::string_view key, std::int64_t n) {
+    std::error_code ec;
+    auto v = add(key, n, ec);
+    throw_if(ec, "add");
+    return v;
+  }
+
+  /// Waits until every one of `keys` exists. At `until`, sets `errc::timed_out` and returns the
+  /// keys still missing (all of them when the store could not say).
+  std::vector<std::string> wait(std::span<const std::string> keys, deadline until,
+                                std::error_code& ec) {
+    ec.clear();
+    if (keys.empty()) return {};
+    return do_wait(keys, until, ec);
+  }
+  void wait(std::span<const std::string> keys, deadline until) {
+    std::error_code ec;
+    wait(keys, until, ec);
+    throw_if(ec, "wait");
+  }
+
+  /// A sentence about the last failure ("timed out waiting for 2 keys", "no server at ...").
+  const std::string& last_error() const noexcept { return last_error_; }
+
+ protected:
+  virtual void do_set(std::string_view key, std::string_view value, std::error_code& ec) = 0;
+  virtual std::optional<std::string> do_try_get(std::string_view key, std::error_code& ec) = 0;
+  virtual std::int64_t do_add(std::string_view key, std::int64_t n, std::error_code& ec) = 0;
+  virtual std::vector<std::string> do_wait(std::span<const std::string> keys, deadline until,
+                                           std::error_code& ec) = 0;
+
+  /// Sets `ec` and the sentence that goes with it.
+  void fail(std::error_code& ec, std::error_code code, std::string why) {
+    ec = code;
+    last_error_ = std::move(why);
+  }
+
+ private:
+  void throw_if(std::error_code ec, const char* name) const {
+    if (ec)
+      throw error(ec, std::string("store.") + name, -1,
+                  std::string("store.") + name + ": " + last_error_);
+  }
+
+  std::string last_error_;
+};
+
+/// Waits until every rank in [0, size) has set `prefix + std::to_string(rank)`; returns the
+/// ranks still missing at `until` (with `errc::timed_out`), or an empty list.
+inline std::vector<int> wait_for_ranks(store& s, std::string_view prefix, int size, deadline until,
+                                       std::error_code& ec) {
+  std::vector<std::string> keys;
+  keys.reserve(static_cast<std::size_t>(size));
+  for (int q = 0; q < size; ++q) keys.push_back(std::string(prefix) + std::to_string(q));
+  std::vector<int> missing;
+  for (const auto& k : s.wait(keys, until, ec))
+    missing.push_back(std::stoi(k.substr(prefix.size())));
+  return missing;
+}
+
+/// "rank 3" or "ranks 1, 2 and 5" (at most 16 named, then "and N more").
+inline std::string describe_ranks(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  const std::size_t shown = std::min<std::size_t>(ranks.size(), 16);
+  for (std::size_t i = 0; i < shown; ++i) {
+    if (i > 0) s += (i + 1 == shown && shown == ranks.size()) ? " and " : ", ";
+    s += std::to_string(ranks[i]);
+  }
+  if (shown < ranks.size()) s += " and " + std::to_string(ranks.size() - shown) + " more";
+  return s;
+}
+
+}  // namespace cohort

@@ -1,0 +1,344 @@
+/// @file
+/// Building the full mesh of the TCP transport with Asio: listen on the chosen address, publish
+/// it in the store, wait for every rank's, then connect to each lower rank and accept each
+/// higher one, with a handshake on every connection. Everything runs on one io_context on the
+/// calling thread, under one deadline for the whole and one per handshake; connects retry with
+/// backoff. The sockets leave as plain descriptors for the engine (tcp_engine.hpp).
+///
+/// Why a full mesh at setup rather than lazy connections: any pair may talk (schedules other
+/// than the ring need it), an abort reaches every rank in one hop, a wrong token or an
+/// unreachable rank shows at setup instead of in the middle of a collective, and the data path
+/// never has to accept or connect. The cost, P-1 sockets per rank, is what Gloo's full mesh
+/// pays too; it is small at data-parallel scales.
+#pragma once
+
+#include <fcntl.h>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <cohort/core/error.hpp>
+#include <cohort/core/options.hpp>
+#include <cohort/rendezvous/detail/socket.hpp>
+#include <cohort/rendezvous/store.hpp>
+#include <cohort/transport/detail/tcp_net.hpp>
+#include <cohort/transport/detail/tcp_wire.hpp>
+
+// g++ 12 with sanitizers flags Asio's coroutine frame allocator as a new/delete mismatch
+// (a false positive: awaitable_frame_base pairs its own operator new and delete).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+
+namespace cohort::detail::tcp {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+/// What the mesh needs to know.
+struct mesh_config {
+  int rank = 0, size = 1;
+  std::string job_id, token, prefix;  // prefix: of the store keys
+  interface_address local;
+  deadline until;
+  std::chrono::milliseconds handshake_timeout{5000};
+  int send_buffer = 0, recv_buffer = 0;
+  std::function<void(std::string_view)> log;
+};
+
+/// The mesh's outcome: a socket per peer, or what went wrong.
+struct mesh {
+  std::vector<net::unique_fd> fds;
+  std::vector<std::string> addresses;
+  failure error;  // error.code is clear on success
+};
+
+inline tcp::endpoint to_asio(const net::endpoint& e) {
+  tcp::endpoint out;
+  std::memcpy(out.data(), &e.addr, e.len);
+  out.resize(e.len);
+  return out;
+}
+
+inline std::string text_of(const tcp::endpoint& e) {
+  return (e.address().is_v6() ? "[" + e.address().to_string() + "]" : e.address().to_string()) +
+         ":" + std::to_string(e.port());
+}
+
+/// The state the coroutines share while the mesh is built.
+class mesh_builder {
+ public:
+  mesh_builder(const mesh_config& cfg, store& s) : cfg_(cfg), store_(s), acceptor_(ioc_) {
+    result_.fds.resize(static_cast<std::size_t>(cfg.size));
+    result_.addresses.resize(static_cast<std::size_t>(cfg.size));
+  }
+
+  mesh run() {
+    boost::system::error_code bec;
+    if (!listen(bec)) return std::move(result_);
+    const std::string prefix = cfg_.prefix + "addr/";
+    const tcp::endpoint mine = acceptor_.local_endpoint(bec);
+    std::error_code ec;
+    store_.set(prefix + std::to_string(cfg_.rank),
+               host_of(cfg_.local.address, cfg_.local.name) + " " + std::to_string(mine.port()),
+               ec);
+    if (ec)
+      return fail(ec, -1, "rendezvous: cannot publish this rank's address: " + store_.last_error());
+    const auto missing = wait_for_ranks(store_, prefix, cfg_.size, cfg_.until, ec);
+    if (ec == errc::timed_out && !missing.empty())
+      return fail(ec, missing.front(),
+                  "rendezvous: " + describe_ranks(missing) + " never arrived (" +
+                      std::to_string(missing.size()) + " of " + std::to_string(cfg_.size) +
+                      " ranks missing at the deadline)");
+    if (ec) return fail(ec, -1, "rendezvous: " + store_.last_error());
+    std::vector<tcp::endpoint> peers(static_cast<std::size_t>(cfg_.rank));
+    for (int q = 0; q < cfg_.rank; ++q) {
+      const auto v = store_.try_get(prefix + std::to_string(q), ec);
+      if (ec || !v)
+        return fail(ec ? ec : make_error_code(errc::protocol_error), q,
+                    "rendezvous: cannot read the address of rank " + std::to_string(q));
+      const auto space = v->find(' ');
+      net::endpoint e;
+      if (space == std::string::npos ||
+          !net::numeric_endpoint(v->substr(0, space), std::atoi(v->c_str() + space + 1), e))
+        return fail(make_error_code(errc::protocol_error), q,
+                    "rendezvous: rank " + std::to_string(q) + " published a malformed address \"" +
+                        *v + "\"");
+      peers[q] = to_asio(e);
+    }
+    incoming_ = cfg_.size - 1 - cfg_.rank;
+    if (incoming_ > 0)
+      asio::co_spawn(ioc_, accept_loop(), asio::detached);
+    else
+      acceptor_.close(bec);
+    for (int q = 0; q < cfg_.rank; ++q)
+      asio::co_spawn(ioc_, connect_to(q, peers[q]), asio::detached);
+    ioc_.run_until(cfg_.until);
+    if (result_.error.code) return std::move(result_);
+    std::vector<int> absent;
+    for (int q = 0; q < cfg_.size; ++q)
+      if (q != cfg_.rank && !result_.fds[q]) absent.push_back(q);
+    if (!absent.empty())
+      return fail(make_error_code(errc::timed_out), absent.front(),
+                  "rendezvous: no handshaken connection with " + describe_ranks(absent) +
+                      " by the deadline" +
+                      (last_problem_.empty() ? "" : " (last problem: " + last_problem_ + ")"));
+    return std::move(result_);
+  }
+
+ private:
+  // Records the first failure and stops; `run` returns it.
+  mesh fail(std::error_code ec, int peer, std::string what) {
+    note(ec, peer, std::move(what));
+    return std::move(result_);
+  }
+  void note(std::error_code ec, int peer, std::string what) {
+    if (!result_.error.code) result_.error = {ec, peer, std::move(what)};
+    ioc_.stop();
+  }
+
+  void log(const std::string& s) const {
+    if (cfg_.log) cfg_.log("rank " + std::to_string(cfg_.rank) + ": " + s);
+  }
+
+  template <class Socket>
+  void set_buffers(Socket& s) {
+    boost::system::error_code ig;
+    if (cfg_.send_buffer > 0)
+      s.set_option(asio::socket_base::send_buffer_size(cfg_.send_buffer), ig);
+    if (cfg_.recv_buffer > 0)
+      s.set_option(asio::socket_base::receive_buffer_size(cfg_.recv_buffer), ig);
+  }
+
+  bool listen(boost::system::error_code& bec) {
+    const tcp::endpoint at = to_asio(cfg_.local.address);
+    acceptor_.open(at.protocol(), bec);
+    if (!bec) acceptor_.set_option(tcp::acceptor::reuse_address(true), bec);
+    if (!bec) set_buffers(acceptor_);  // accepted sockets inherit them (and the window scale)
+    if (!bec) acceptor_.bind(at, bec);
+    if (!bec) acceptor_.listen(std::max(cfg_.size, 128), bec);
+    if (bec) {
+      note(std::error_code(bec.value(), std::generic_category()), -1,
+           "rendezvous: cannot listen on " + text_of(at) + " (interface " + cfg_.local.name +
+               "): " + bec.message());
+      return false;
+    }
+    return true;
+  }
+
+  // Hands a handshaken socket to the result.
+  void adopt(int q, tcp::socket& s) {
+    boost::system::error_code ig;
+    s.set_option(tcp::no_delay(true), ig);
+    const auto remote = s.remote_endpoint(ig);
+    const int fd = s.release(ig);
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    result_.fds[q].reset(fd);
+    result_.addresses[q] = text_of(remote);
+    // Every peer is here: stop now, even if a stranger's handshake is still pending.
+    int have = 0;
+    for (const auto& f : result_.fds) have += static_cast<bool>(f);
+    if (have == cfg_.size - 1) ioc_.stop();
+  }
+
+  asio::awaitable<void> accept_loop() {
+    while (incoming_ > 0) {
+      auto [e, s] = co_await acceptor_.async_accept(asio::as_tuple(asio::use_awaitable));
+      if (e == asio::error::operation_aborted || !acceptor_.is_open()) co_return;
+      if (e) continue;
+      asio::co_spawn(ioc_, handshake_in(std::move(s)), asio::detached);
+    }
+  }
+
+  // Closes `s` at `t` unless cancelled first: the deadline of an Asio operation.
+  static void watchdog(asio::steady_timer& w, tcp::socket& s, deadline t) {
+    w.expires_at(t);
+    w.async_wait([&s](boost::system::error_code e) {
+      boost::system::error_code ig;
+      if (!e) s.close(ig);
+    });
+  }
+
+  asio::awaitable<void> handshake_in(tcp::socket s) {
+    boost::system::error_code ig;
+    const auto from = s.remote_endpoint(ig);
+    asio::steady_timer w(ioc_);
+    watchdog(w, s, std::min(cfg_.until, clock::now() + cfg_.handshake_timeout));
+    std::array<std::byte, hello_size> in{};
+    auto [e, n] =
+        co_await asio::async_read(s, asio::buffer(in), asio::as_tuple(asio::use_awaitable));
+    if (e) {
+      reject(from, e == asio::error::operation_aborted || e == asio::error::bad_descriptor
+                       ? "no hello within the handshake timeout"
+                       : "closed during the handshake: " + e.message());
+      co_return;
+    }
+    hello peer;
+    std::string why = check_hello(in, cfg_.job_id, cfg_.size, cfg_.token, peer);
+    if (why.empty() && peer.rank <= cfg_.rank)
+      why = "rank " + std::to_string(peer.rank) + " should not connect to rank " +
+            std::to_string(cfg_.rank);
+    if (why.empty() && result_.fds[peer.rank])
+      why = "rank " + std::to_string(peer.rank) + " is connected already";
+    if (!why.empty()) {
+      reject(from, why);
+      co_return;
+    }
+    const auto out = encode_hello({cfg_.rank, cfg_.size, cfg_.job_id, cfg_.token});
+    auto [we, wn] =
+        co_await asio::async_write(s, asio::buffer(out), asio::as_tuple(asio::use_awaitable));
+    w.cancel();
+    if (we || !s.is_open() || result_.fds[peer.rank]) {
+      reject(from, "lost during the handshake");
+      co_return;
+    }
+    adopt(peer.rank, s);
+    if (--incoming_ == 0) acceptor_.close(ig);
+  }
+
+  void reject(const tcp::endpoint& from, const std::string& why) {
+    last_problem_ = "refused " + text_of(from) + ": " + why;
+    log("refused a connection from " + text_of(from) + ": " + why);
+  }
+
+  asio::awaitable<void> connect_to(int q, tcp::endpoint at) {
+    auto backoff = std::chrono::milliseconds(5);
+    std::string last;
+    for (;;) {
+      tcp::socket s(ioc_);
+      boost::system::error_code e;
+      s.open(at.protocol(), e);
+      if (!e) set_buffers(s);
+      asio::steady_timer w(ioc_);
+      if (!e) {
+        watchdog(w, s, std::min(cfg_.until, clock::now() + std::chrono::seconds(5)));
+        std::tie(e) = co_await s.async_connect(at, asio::as_tuple(asio::use_awaitable));
+        w.cancel();
+      }
+      if (!e && s.is_open()) {
+        co_await handshake_out(q, at, s);
+        co_return;
+      }
+      last = e ? e.message() : "timed out";
+      const auto now = clock::now();
+      if (now + backoff >= cfg_.until) {
+        last_problem_ =
+            "connecting to rank " + std::to_string(q) + " at " + text_of(at) + ": " + last;
+        co_return;
+      }
+      asio::steady_timer pause(ioc_, backoff);
+      co_await pause.async_wait(asio::as_tuple(asio::use_awaitable));
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+    }
+  }
+
+  asio::awaitable<void> handshake_out(int q, const tcp::endpoint& at, tcp::socket& s) {
+    asio::steady_timer w(ioc_);
+    watchdog(w, s, std::min(cfg_.until, clock::now() + cfg_.handshake_timeout));
+    const auto out = encode_hello({cfg_.rank, cfg_.size, cfg_.job_id, cfg_.token});
+    std::array<std::byte, hello_size> in{};
+    auto [we, wn] =
+        co_await asio::async_write(s, asio::buffer(out), asio::as_tuple(asio::use_awaitable));
+    boost::system::error_code re = we;
+    if (!we)
+      std::tie(re, std::ignore) =
+          co_await asio::async_read(s, asio::buffer(in), asio::as_tuple(asio::use_awaitable));
+    w.cancel();
+    const std::string who = "rank " + std::to_string(q) + " at " + text_of(at);
+    if (re) {
+      note(make_error_code(errc::protocol_error), q,
+           "rendezvous: " + who + " closed the connection during the handshake (" + re.message() +
+               "); does it have the same COHORT_TOKEN and job id?");
+      co_return;
+    }
+    hello peer;
+    std::string why = check_hello(in, cfg_.job_id, cfg_.size, cfg_.token, peer);
+    if (why.empty() && peer.rank != q) why = "it says it is rank " + std::to_string(peer.rank);
+    if (!why.empty()) {
+      note(make_error_code(errc::protocol_error), q,
+           "rendezvous: the handshake with " + who + " failed: " + why);
+      co_return;
+    }
+    adopt(q, s);
+  }
+
+  const mesh_config& cfg_;
+  store& store_;
+  asio::io_context ioc_{1};
+  tcp::acceptor acceptor_;
+  mesh result_;
+  int incoming_ = 0;
+  std::string last_problem_;
+};
+
+/// Builds the mesh (see the file comment); on failure `error` says what and names the ranks.
+inline mesh connect_mesh(const mesh_config& cfg, store& s) { return mesh_builder(cfg, s).run(); }
+
+}  // namespace cohort::detail::tcp
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif

@@ -1,0 +1,584 @@
+/// @file
+/// The data path of the TCP transport: one connected, handshaken socket per peer, driven by the
+/// calling thread inside `wait`. No Asio here: the sockets were set up with Asio (see
+/// tcp_connect.hpp) and handed over as plain descriptors, so that this loop owns every syscall:
+///
+/// - `send` and `recv` only queue (no syscall), so that the sends a collective posts before it
+///   waits leave in one `sendmsg` (the call header and a small payload share a segment).
+/// - `wait` writes what is queued, reads what is ready, and repeats: busy-polling (`ppoll` with
+///   a zero timeout) for `spin`, then blocking in `ppoll` until the deadline. Every connection
+///   progresses in every `wait`, whichever request it waits for: full duplex on one thread.
+/// - Payload goes straight from the socket into the posted receive buffer (`recvmsg`), with a
+///   small tail into the connection's staging buffer to catch the next frame header; bytes that
+///   arrive before their receive is posted wait in the staging buffer (64 KiB), then in the
+///   kernel. Nothing is allocated per message.
+/// - A read of 0 bytes or a socket error marks the connection lost: every pending and later
+///   operation with that peer fails with `errc::peer_lost` once the staged bytes are used up.
+/// - `abort` drops every pending operation (the engine never touches their buffers again),
+///   finishes a half-written frame with zeros, and sends an abort frame to every peer, waiting
+///   at most `abort_linger` for the kernel to take it. A received abort frame (found even behind
+///   staged data nobody asked for yet) fails every wait here with the sender's code.
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <ctime>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <cohort/core/error.hpp>
+#include <cohort/core/options.hpp>
+#include <cohort/rendezvous/detail/socket.hpp>
+#include <cohort/transport/detail/tcp_wire.hpp>
+
+namespace cohort::detail::tcp {
+
+using net::unique_fd;
+
+/// A FIFO of trivially copyable items on a vector that only grows: no allocation once warm.
+template <class T>
+class fifo {
+ public:
+  bool empty() const noexcept { return count_ == 0; }
+  std::size_t size() const noexcept { return count_; }
+  T& front() noexcept { return buf_[head_]; }
+  T& operator[](std::size_t i) noexcept { return buf_[(head_ + i) & (buf_.size() - 1)]; }
+  void push_back(const T& v) {
+    if (count_ == buf_.size()) grow();
+    buf_[(head_ + count_) & (buf_.size() - 1)] = v;
+    ++count_;
+  }
+  void pop_front() noexcept {
+    head_ = (head_ + 1) & (buf_.size() - 1);
+    --count_;
+  }
+  void clear() noexcept { head_ = count_ = 0; }
+
+ private:
+  void grow() {
+    std::vector<T> next(buf_.empty() ? 16 : buf_.size() * 2);
+    for (std::size_t i = 0; i < count_; ++i) next[i] = (*this)[i];
+    buf_.swap(next);
+    head_ = 0;
+  }
+  std::vector<T> buf_;
+  std::size_t head_ = 0, count_ = 0;
+};
+
+/// Tuning of the data path.
+struct engine_options {
+  std::chrono::nanoseconds spin{std::chrono::microseconds(50)};  ///< busy-poll before blocking
+  std::chrono::milliseconds abort_linger{1000};  ///< how long `abort` tries to deliver its frames
+  std::size_t staging_bytes = 64 * 1024;         ///< per connection
+  std::function<void(std::string_view)> log;     ///< where problems are told; may be empty
+};
+
+/// One peer's socket and the state of both directions on it.
+struct connection {
+  struct out_item {
+    const std::byte* data;
+    std::size_t size;
+  };
+  struct in_item {
+    std::byte* data;
+    std::size_t size;
+  };
+
+  int peer = -1;
+  unique_fd fd;
+  std::string address;  // for messages
+
+  // Sending: user buffers queued, framed on the fly.
+  fifo<out_item> txq;
+  std::size_t tx_head_off = 0;  // bytes of txq.front() written
+  std::uint64_t tx_posted = 0;  // payload bytes ever queued
+  std::uint64_t tx_done = 0;    // payload bytes ever written
+  std::uint64_t tx_queued = 0;  // payload bytes queued, not written
+  std::byte tx_hdr[frame_header_size]{};
+  std::size_t tx_hdr_left = 0;    // header bytes of the current frame not yet written
+  std::size_t tx_frame_left = 0;  // payload bytes of the current frame not yet written
+  bool tx_pad = false;            // after abort: the current frame ends in zeros
+  std::vector<std::byte> ctrl;    // a control frame to write at the next frame boundary
+  std::size_t ctrl_off = 0;
+
+  // Receiving: user buffers posted, and a staging buffer for bytes not yet asked for.
+  fifo<in_item> rxq;
+  std::uint64_t rx_posted = 0;
+  std::uint64_t rx_done = 0;
+  std::unique_ptr<std::byte[]> stage;
+  std::size_t stage_cap = 0, rd = 0, wr = 0;
+  std::size_t rx_frame_left = 0;  // payload bytes of the current data frame not yet delivered
+  std::uint64_t abs_rd = 0;       // stream offset of stage[rd]
+  std::uint64_t scan_abs = 0;     // stream offset of the next header the look-ahead reads
+
+  std::error_code lost;  // peer_lost or protocol_error once the stream is unusable
+  std::string why;       // what the kernel or the parser said when it was lost
+  bool hup = false;      // the kernel reported hang-up or error; read to learn more
+
+  bool has_tx() const noexcept {
+    return !lost &&
+           (tx_hdr_left > 0 || tx_frame_left > 0 || ctrl_off < ctrl.size() || tx_queued > 0);
+  }
+  bool wants_read() const noexcept { return !lost && (!rxq.empty() || rd == wr); }
+};
+
+/// The per-peer sockets of one rank and the loop that drives them.
+class engine {
+ public:
+  struct request {
+    int peer = -1;  // -1: complete
+    bool is_send = false;
+    std::uint64_t end = 0;
+  };
+
+  /// Takes the connected sockets: `fds[q]` talks to rank q (`fds[rank]` is empty).
+  engine(int rank, int size, std::vector<unique_fd> fds, std::vector<std::string> addresses,
+         engine_options opts)
+      : rank_(rank),
+        size_(size),
+        opts_(std::move(opts)),
+        conns_(static_cast<std::size_t>(size)),
+        spin_(opts_.spin) {
+    const std::size_t cap =
+        std::max<std::size_t>(opts_.staging_bytes, 4 * (frame_header_size + max_control_frame));
+    for (int q = 0; q < size; ++q) {
+      auto& c = conns_[q];
+      c.peer = q;
+      if (q == rank) continue;
+      c.fd = std::move(fds[q]);
+      if (q < static_cast<int>(addresses.size())) c.address = std::move(addresses[q]);
+      c.stage = std::make_unique<std::byte[]>(cap);
+      c.stage_cap = cap;
+      c.ctrl.reserve(frame_header_size + max_control_frame);
+    }
+    pfds_.reserve(static_cast<std::size_t>(size));
+    pidx_.reserve(static_cast<std::size_t>(size));
+  }
+
+  engine(const engine&) = delete;
+  engine& operator=(const engine&) = delete;
+
+  /// Closes every connection: unread bytes are discarded first, so that the close is a FIN
+  /// (which lets the peer read what was sent) rather than a reset.
+  ~engine() {
+    for (auto& c : conns_) {
+      if (!c.fd) continue;
+      std::byte sink[4096];
+      for (int i = 0; i < 64 && ::recv(c.fd.get(), sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
+      }
+      ::shutdown(c.fd.get(), SHUT_WR);
+    }
+  }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  const std::string& address(int peer) const { return conns_[peer].address; }
+  void set_spin(std::chrono::nanoseconds s) noexcept { opts_.spin = spin_ = s; }
+
+  request send(int peer, std::span<const std::byte> bytes) {
+    if (bytes.empty()) return {};
+    auto& c = conns_[peer];
+    c.tx_posted += bytes.size();
+    if (!aborted_ && !c.lost) {
+      c.txq.push_back({bytes.data(), bytes.size()});
+      c.tx_queued += bytes.size();
+    }
+    return {peer, true, c.tx_posted};
+  }
+
+  request recv(int peer, std::span<std::byte> bytes) {
+    if (bytes.empty()) return {};
+    auto& c = conns_[peer];
+    c.rx_posted += bytes.size();
+    if (!aborted_) c.rxq.push_back({bytes.data(), bytes.size()});
+    return {peer, false, c.rx_posted};
+  }
+
+  void wait(request& req, deadline until, std::error_code& ec) {
+    ec.clear();
+    if (req.peer < 0) return;
+    auto& c = conns_[req.peer];
+    const auto spin_end = clock::now() + spin_;
+    bool spun = false, blocked = false;
+    unsigned rounds = 0;
+    for (;;) {
+      if (!aborted_) {
+        flush_all();
+        if (!req.is_send) pump_rx(c);
+      }
+      if (done(c, req)) {
+        req = {};
+        adapt_spin(spun, blocked);
+        return;
+      }
+      if (failed(c, ec)) return;
+      if (c.hup) {  // the kernel said the socket is dead, and what it held did not complete req
+        lose(c, errc::peer_lost, "connection reset");
+        continue;
+      }
+      const auto now = clock::now();
+      if (now >= until) {
+        ec = errc::timed_out;
+        return;
+      }
+      if (now < spin_end) {
+        // The loop's top already tries the awaited socket; a ppoll every few rounds keeps the
+        // other connections going without a second syscall per round.
+        if (++rounds % 8 == 0 || req.is_send) poll_once(clock::duration::zero());
+        spun = true;
+      } else {
+        blocked = true;
+        poll_once(until - now);
+      }
+    }
+  }
+
+  void abort(const failure& f) noexcept {
+    if (aborted_) return;
+    aborted_ = true;
+    const failure* cause = remote_ ? &*remote_ : &f;
+    const int origin = remote_ ? remote_->peer : rank_;
+    for (auto& c : conns_) {
+      if (!c.fd || c.lost) continue;
+      c.txq.clear();
+      c.tx_queued = 0;
+      c.tx_head_off = 0;
+      c.tx_pad = c.tx_frame_left > 0;
+      c.rxq.clear();
+      c.ctrl.resize(c.ctrl.capacity());  // reserved at construction: no allocation
+      c.ctrl.resize(encode_abort(c.ctrl.data(), c.ctrl.size(), origin, *cause));
+      c.ctrl_off = 0;
+    }
+    const auto until = clock::now() + opts_.abort_linger;
+    for (;;) {
+      flush_all();
+      bool pending = false;
+      for (auto& c : conns_) pending = pending || c.has_tx();
+      const auto now = clock::now();
+      if (!pending || now >= until) break;
+      poll_once(until - now);
+    }
+  }
+
+  const failure* remote_failure() const noexcept { return remote_ ? &*remote_ : nullptr; }
+
+  /// Why the connection to `peer` failed, or "" while it is healthy.
+  const std::string& lost_reason(int peer) const { return conns_[peer].why; }
+
+ private:
+  // Spinning pays only while the peer runs on another core. When the scheduler puts both
+  // ranks on one core (wake-affine placement on a busy host), the peer cannot answer until this
+  // rank blocks, and every spin is lost: halve the spin after each wait that had to block,
+  // restore it after one that spinning served, and try it again every 32 waits.
+  void adapt_spin(bool spun, bool blocked) noexcept {
+    if (blocked)
+      spin_ = spin_ / 2 < std::chrono::microseconds(1) ? clock::duration::zero() : spin_ / 2;
+    else if (spun)
+      spin_ = opts_.spin;
+    if (spin_ == clock::duration::zero() && ++probe_ % 32 == 0) spin_ = opts_.spin;
+  }
+
+  static bool done(const connection& c, const request& r) noexcept {
+    return r.is_send ? c.tx_done >= r.end : c.rx_done >= r.end;
+  }
+
+  bool failed(const connection& c, std::error_code& ec) const noexcept {
+    if (remote_)
+      ec = remote_->code;
+    else if (aborted_)
+      ec = errc::aborted;
+    else if (c.lost)
+      ec = c.lost;
+    return static_cast<bool>(ec);
+  }
+
+  void lose(connection& c, errc e, std::string_view why) {
+    if (c.lost) return;
+    c.lost = e;
+    try {
+      c.why = why;
+    } catch (...) {
+    }
+    c.txq.clear();
+    c.tx_queued = 0;
+    c.ctrl_off = c.ctrl.size();
+    if (e == errc::protocol_error && opts_.log)
+      opts_.log("rank " + std::to_string(rank_) + ": protocol error from rank " +
+                std::to_string(c.peer) + " (" + c.address + "): " + std::string(why));
+  }
+
+  void lose_errno(connection& c, int err) {
+    lose(c, errc::peer_lost, std::generic_category().message(err));
+  }
+
+  // A send failed: the peer reset or closed. Its last words (an abort frame) may still wait
+  // on the receiving side; read them before the connection is written off.
+  void lose_sending(connection& c, int err) {
+    if (!aborted_) pump_rx(c);
+    lose_errno(c, err);
+  }
+
+  void flush_all() {
+    for (auto& c : conns_)
+      if (c.has_tx()) flush(c);
+  }
+
+  // Writes what is queued on `c` until the kernel takes no more.
+  void flush(connection& c) {
+    static constexpr std::byte zeros[4096]{};
+    constexpr int max_iov = 64;
+    while (c.has_tx()) {
+      if (c.tx_hdr_left == 0 && c.tx_frame_left == 0) {
+        if (c.ctrl_off < c.ctrl.size()) {
+          const ssize_t n = ::send(c.fd.get(), c.ctrl.data() + c.ctrl_off,
+                                   c.ctrl.size() - c.ctrl_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+          if (n < 0) {
+            if (errno == EINTR) continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK) lose_sending(c, errno);
+            return;
+          }
+          c.ctrl_off += static_cast<std::size_t>(n);
+          continue;
+        }
+        const auto len =
+            static_cast<std::uint32_t>(std::min<std::uint64_t>(max_data_frame, c.tx_queued));
+        encode_frame_header(c.tx_hdr, frame_type::data, len);
+        c.tx_hdr_left = frame_header_size;
+        c.tx_frame_left = len;
+      }
+      iovec iov[max_iov];
+      int k = 0;
+      if (c.tx_hdr_left > 0)
+        iov[k++] = {c.tx_hdr + frame_header_size - c.tx_hdr_left, c.tx_hdr_left};
+      std::size_t want = c.tx_frame_left;
+      if (c.tx_pad) {
+        while (want > 0 && k < max_iov) {
+          const std::size_t n = std::min(want, sizeof zeros);
+          iov[k++] = {const_cast<std::byte*>(zeros), n};
+          want -= n;
+        }
+      } else {
+        std::size_t off = c.tx_head_off;
+        for (std::size_t i = 0; i < c.txq.size() && want > 0 && k < max_iov; ++i) {
+          const auto& item = c.txq[i];
+          const std::size_t n = std::min(item.size - off, want);
+          iov[k++] = {const_cast<std::byte*>(item.data + off), n};
+          want -= n;
+          off = 0;
+        }
+      }
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<std::size_t>(k);
+      const ssize_t n = ::sendmsg(c.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) lose_sending(c, errno);
+        return;
+      }
+      advance_tx(c, static_cast<std::size_t>(n));
+    }
+  }
+
+  static void advance_tx(connection& c, std::size_t n) noexcept {
+    const std::size_t h = std::min(n, c.tx_hdr_left);
+    c.tx_hdr_left -= h;
+    n -= h;
+    c.tx_frame_left -= n;
+    if (c.tx_pad) {
+      if (c.tx_frame_left == 0) c.tx_pad = false;
+      return;
+    }
+    c.tx_done += n;
+    c.tx_queued -= n;
+    while (n > 0) {
+      auto& item = c.txq.front();
+      const std::size_t take = std::min(n, item.size - c.tx_head_off);
+      c.tx_head_off += take;
+      n -= take;
+      if (c.tx_head_off == item.size) {
+        c.txq.pop_front();
+        c.tx_head_off = 0;
+      }
+    }
+  }
+
+  // Reads what `c` has for us: straight into the posted receive while one waits in the middle
+  // of a data frame, else into staging; then hands staged bytes to posted receives.
+  void pump_rx(connection& c) {
+    constexpr std::size_t tail = 4096;  // read past a direct receive: the next header and more
+    for (;;) {
+      consume(c);  // staged bytes still count after the stream ended
+      if (c.lost) return;
+      if (c.rd == c.wr) c.rd = c.wr = 0;
+      iovec iov[2];
+      int k = 0;
+      const bool direct = c.rd == c.wr && c.rx_frame_left > 0 && !c.rxq.empty();
+      if (direct) {
+        auto& item = c.rxq.front();
+        iov[k++] = {item.data, std::min(item.size, c.rx_frame_left)};
+        iov[k++] = {c.stage.get() + c.wr, std::min(tail, c.stage_cap - c.wr)};
+      } else {
+        // Bytes nobody asked for stay in the kernel, except one read to watch for an abort
+        // frame or the end of the stream while staging is empty.
+        if (c.rxq.empty() && c.rd != c.wr) return;
+        if (c.wr == c.stage_cap && c.rd > 0) {
+          std::memmove(c.stage.get(), c.stage.get() + c.rd, c.wr - c.rd);
+          c.wr -= c.rd;
+          c.rd = 0;
+        }
+        if (c.wr == c.stage_cap) return;
+        // A small read: enough for a header and a small message; bulk payload then goes
+        // straight to its receive instead of through here.
+        iov[k++] = {c.stage.get() + c.wr, std::min(c.stage_cap - c.wr, tail + frame_header_size)};
+      }
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<std::size_t>(k);
+      const ssize_t n = ::recvmsg(c.fd.get(), &msg, MSG_DONTWAIT);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) lose_errno(c, errno);
+        return;
+      }
+      if (n == 0) {
+        lose(c, errc::peer_lost, "connection closed");
+        return;
+      }
+      std::size_t got = static_cast<std::size_t>(n);
+      if (direct) {
+        const std::size_t d = std::min(got, iov[0].iov_len);
+        deliver(c, d);
+        got -= d;
+      }
+      c.wr += got;
+    }
+  }
+
+  // `n` bytes of the current data frame reached the front receive (directly or from staging).
+  static void deliver(connection& c, std::size_t n) noexcept {
+    auto& item = c.rxq.front();
+    item.data += n;
+    item.size -= n;
+    if (item.size == 0) c.rxq.pop_front();
+    c.rx_done += n;
+    c.rx_frame_left -= n;
+    c.abs_rd += n;
+  }
+
+  // Hands staged bytes to posted receives and handles control frames, as far as they go.
+  void consume(connection& c) {
+    while (c.rd < c.wr) {
+      std::byte* p = c.stage.get() + c.rd;
+      const std::size_t avail = c.wr - c.rd;
+      if (c.rx_frame_left == 0) {
+        if (avail < frame_header_size) break;
+        const auto h = decode_frame_header(p);
+        if (!h) return lose(c, errc::protocol_error, "malformed frame header");
+        if (h->type == frame_type::data) {
+          c.rx_frame_left = h->length;
+          c.rd += frame_header_size;
+          c.abs_rd += frame_header_size;
+          continue;
+        }
+        if (avail < frame_header_size + h->length) break;
+        control(c, *h, p + frame_header_size);
+        if (c.lost) return;
+        c.rd += frame_header_size + h->length;
+        c.abs_rd += frame_header_size + h->length;
+        continue;
+      }
+      if (c.rxq.empty()) break;
+      const std::size_t n = std::min({avail, c.rx_frame_left, c.rxq.front().size});
+      std::memcpy(c.rxq.front().data, p, n);
+      c.rd += n;
+      deliver(c, n);
+    }
+    if (c.rd < c.wr && c.rxq.empty() && c.rx_frame_left > 0) look_ahead(c);
+  }
+
+  // Reads the headers of staged frames past the data nobody has asked for yet, so that an
+  // abort frame behind them is seen now; each byte is looked at once.
+  void look_ahead(connection& c) {
+    const std::uint64_t end = c.abs_rd + (c.wr - c.rd);
+    std::uint64_t pos = std::max(c.scan_abs, c.abs_rd + c.rx_frame_left);
+    while (pos + frame_header_size <= end) {
+      const std::byte* p = c.stage.get() + c.rd + (pos - c.abs_rd);
+      const auto h = decode_frame_header(p);
+      if (!h) return lose(c, errc::protocol_error, "malformed frame header");
+      if (h->type != frame_type::data) {
+        if (pos + frame_header_size + h->length > end) break;
+        control(c, *h, p + frame_header_size);
+        if (c.lost) return;
+      }
+      pos += frame_header_size + h->length;
+    }
+    c.scan_abs = pos;
+  }
+
+  void control(connection& c, const frame_header& h, const std::byte* payload) {
+    auto f = decode_abort(payload, h.length, size_);
+    if (!f) return lose(c, errc::protocol_error, "malformed abort frame");
+    if (!remote_ && f->peer != rank_) remote_ = std::move(*f);
+  }
+
+  // Waits up to `timeout` for any connection to be ready, and progresses the ready ones.
+  void poll_once(clock::duration timeout) {
+    pfds_.clear();
+    pidx_.clear();
+    for (auto& c : conns_) {
+      if (!c.fd || c.lost || c.hup) continue;
+      short ev = 0;
+      if (c.has_tx()) ev |= POLLOUT;
+      if (!aborted_ && c.wants_read()) ev |= POLLIN;
+      if (ev == 0) continue;
+      pfds_.push_back({c.fd.get(), ev, 0});
+      pidx_.push_back(c.peer);
+    }
+    if (pfds_.empty()) {
+      // Nothing can make progress on a socket; sleep briefly rather than spin.
+      timeout = std::min<clock::duration>(timeout, std::chrono::milliseconds(10));
+    }
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count();
+    timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+    const int ready = ::ppoll(pfds_.data(), pfds_.size(), &ts, nullptr);
+    if (ready <= 0) return;
+    for (std::size_t i = 0; i < pfds_.size(); ++i) {
+      const short re = pfds_[i].revents;
+      if (re == 0) continue;
+      auto& c = conns_[pidx_[i]];
+      if (re & POLLOUT) flush(c);
+      if (re & (POLLIN | POLLHUP | POLLERR)) pump_rx(c);
+      if ((re & (POLLHUP | POLLERR)) && !c.lost) c.hup = true;
+    }
+  }
+
+  int rank_, size_;
+  engine_options opts_;
+  std::vector<connection> conns_;
+  bool aborted_ = false;
+  std::optional<failure> remote_;
+  clock::duration spin_;  // the current spin, at most opts_.spin
+  unsigned probe_ = 0;
+  std::vector<pollfd> pfds_;
+  std::vector<int> pidx_;
+};
+
+}  // namespace cohort::detail::tcp

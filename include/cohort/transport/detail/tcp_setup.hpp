@@ -1,0 +1,190 @@
+/// @file
+/// The setup of `tcp_transport`: options from the environment, the store, the token, the
+/// listening address, the mesh. Included at the end of tcp.hpp.
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include <cohort/transport/tcp.hpp>
+
+namespace cohort::detail::tcp {
+
+inline const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+/// Fills what `o` leaves open from the environment and the defaults.
+inline void complete_options(tcp_options& o, const launch_info& info) {
+  if (o.interface.empty() && env("COHORT_SOCKET_IFNAME")) o.interface = env("COHORT_SOCKET_IFNAME");
+  if (o.family == tcp_family::any) {
+    if (const char* f = env("COHORT_SOCKET_FAMILY")) {
+      const std::string_view v(f);
+      if (v == "AF_INET" || v == "4" || v == "inet" || v == "ipv4")
+        o.family = tcp_family::v4;
+      else if (v == "AF_INET6" || v == "6" || v == "inet6" || v == "ipv6")
+        o.family = tcp_family::v6;
+      else
+        throw error(errc::invalid_argument, "make_tcp_communicator", -1,
+                    "make_tcp_communicator: COHORT_SOCKET_FAMILY=\"" + std::string(v) +
+                        "\" is not AF_INET or AF_INET6");
+    }
+  }
+  if (o.store.empty() && env("COHORT_STORE")) o.store = env("COHORT_STORE");
+  if (o.store.empty() && !info.master_addr.empty() && info.master_port > 0) {
+    const bool v6 = info.master_addr.find(':') != std::string::npos;
+    o.store = (v6 ? "[" + info.master_addr + "]" : info.master_addr) + ":" +
+              std::to_string(info.master_port);
+  }
+  if (o.token.empty() && env("COHORT_TOKEN")) o.token = env("COHORT_TOKEN");
+  if (o.send_buffer == 0 && env("COHORT_SOCKET_SNDBUF"))
+    o.send_buffer = std::atoi(env("COHORT_SOCKET_SNDBUF"));
+  if (o.recv_buffer == 0 && env("COHORT_SOCKET_RCVBUF"))
+    o.recv_buffer = std::atoi(env("COHORT_SOCKET_RCVBUF"));
+  if (o.connect_timeout == tcp_options{}.connect_timeout && env("COHORT_CONNECT_TIMEOUT"))
+    o.connect_timeout = std::chrono::milliseconds(
+        static_cast<long long>(std::atof(env("COHORT_CONNECT_TIMEOUT")) * 1000));
+  if (o.spin.count() < 0) {
+    if (const char* s = env("COHORT_TCP_SPIN_US"))
+      o.spin = std::chrono::microseconds(std::atoll(s));
+    else {
+      const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+      o.spin = info.local_size > static_cast<int>(cores) ? std::chrono::microseconds(0)
+                                                         : std::chrono::microseconds(50);
+    }
+  }
+  if (!o.log)
+    o.log = [](std::string_view s) {
+      std::fprintf(stderr, "cohort tcp: %.*s\n", static_cast<int>(s.size()), s.data());
+    };
+}
+
+/// The host part of a "host:port" store, or "" for other kinds.
+inline std::string store_host(const std::string& spec) {
+  std::string host;
+  int port = 0;
+  std::string_view s = spec;
+  if (s.starts_with("tcp://")) s.remove_prefix(6);
+  return net::split_host_port(s, host, port) ? host : std::string();
+}
+
+}  // namespace cohort::detail::tcp
+
+namespace cohort {
+
+inline tcp_transport::tcp_transport(const launch_info& info, tcp_options opts) {
+  rank_ = info.rank;
+  size_ = info.size;
+  if (info.size == 1) return;
+  detail::tcp::complete_options(opts, info);
+  const std::string& spec = opts.store;
+  auto fail = [](errc e, const std::string& what) {
+    throw error(e, "make_tcp_communicator", -1, "make_tcp_communicator: " + what);
+  };
+  if (spec.empty())
+    fail(errc::invalid_argument,
+         "no store to meet at: set MASTER_ADDR and MASTER_PORT, or COHORT_STORE");
+  std::unique_ptr<store> s;
+  if (spec.starts_with("file:")) {
+    s = std::make_unique<file_store>(spec.substr(5));
+  } else if (spec.starts_with("redis://")) {
+#if defined(COHORT_WITH_HIREDIS)
+    std::string host;
+    int port = 0;
+    if (!detail::net::split_host_port(spec.substr(8), host, port))
+      fail(errc::invalid_argument, "bad Redis store \"" + spec + "\"");
+    redis_store_options ro;
+    ro.timeout = opts.connect_timeout;
+    s = std::make_unique<redis_store>(host, port, ro);
+#else
+    fail(errc::unsupported,
+         "a Redis store needs hiredis: build with COHORT_WITH_HIREDIS and link hiredis");
+#endif
+  } else {
+    std::string host;
+    int port = 0;
+    std::string_view hp = spec;
+    if (hp.starts_with("tcp://")) hp.remove_prefix(6);
+    if (!detail::net::split_host_port(hp, host, port))
+      fail(errc::invalid_argument, "bad store address \"" + spec + "\" (want host:port)");
+    if (rank_ == 0) {
+      tcp_store_server_options so;
+      so.token = opts.token;
+      so.log = opts.log;
+      try {
+        server_ = std::make_unique<tcp_store_server>(host, port, so);
+      } catch (const error& e) {
+        if (e.code() != std::error_code(EADDRNOTAVAIL, std::generic_category())) throw;
+        // MASTER_ADDR is not an address of this host (NAT, a name for a proxy): every address.
+        opts.log("the store cannot listen on " + host +
+                 " (not an address of this host); listening on every address");
+        server_ = std::make_unique<tcp_store_server>("", port, so);
+      }
+    }
+    tcp_store_options co;
+    co.token = opts.token;
+    co.timeout = opts.connect_timeout;
+    s = std::make_unique<tcp_store>(host, port, co);
+  }
+  setup(info, *s, std::move(opts));
+}
+
+inline void tcp_transport::setup(const launch_info& info, store& s, tcp_options opts) {
+  rank_ = info.rank;
+  size_ = info.size;
+  if (size_ == 1) return;
+  detail::tcp::complete_options(opts, info);
+  const deadline until = clock::now() + opts.connect_timeout;
+  auto fail = [](std::error_code ec, int peer, const std::string& what) {
+    throw error(ec, "make_tcp_communicator", peer, "make_tcp_communicator: " + what);
+  };
+  detail::tcp::mesh_config cfg;
+  cfg.rank = rank_;
+  cfg.size = size_;
+  cfg.job_id = info.job_id.empty() ? "job" : info.job_id;
+  cfg.prefix = "cohort/" + cfg.job_id + "/";
+  cfg.until = until;
+  cfg.handshake_timeout = opts.handshake_timeout;
+  cfg.send_buffer = opts.send_buffer;
+  cfg.recv_buffer = opts.recv_buffer;
+  cfg.log = opts.log;
+  std::error_code ec;
+  cfg.token = opts.token;
+  if (cfg.token.empty()) {  // rank 0 makes one and hands it out
+    if (rank_ == 0) {
+      cfg.token = detail::net::random_token();
+      s.set(cfg.prefix + "token", cfg.token, ec);
+    } else {
+      cfg.token = s.get(cfg.prefix + "token", until, ec);
+    }
+    if (ec == errc::timed_out && rank_ != 0)
+      fail(ec, 0,
+           "rendezvous: rank 0 never arrived (no token at the store: " + s.last_error() + ")");
+    if (ec) fail(ec, -1, "rendezvous: " + s.last_error());
+  }
+  if (cfg.token.size() > detail::tcp::max_token || cfg.job_id.size() > detail::tcp::max_job_id)
+    fail(make_error_code(errc::invalid_argument), -1, "the token must be at most 96 bytes");
+  std::string why;
+  auto fam = opts.family == tcp_family::v4   ? detail::tcp::family_choice::v4
+             : opts.family == tcp_family::v6 ? detail::tcp::family_choice::v6
+                                             : detail::tcp::family_choice::any;
+  auto local =
+      detail::tcp::choose_address(opts.interface, fam, detail::tcp::store_host(opts.store), why);
+  if (!local) fail(make_error_code(errc::invalid_argument), -1, why);
+  cfg.local = *local;
+  auto m = detail::tcp::connect_mesh(cfg, s);
+  if (m.error.code) fail(m.error.code, m.error.peer, m.error.what);
+  if (auto* t = dynamic_cast<tcp_store*>(&s)) t->disconnect();  // the store is not needed any more
+  detail::tcp::engine_options eo;
+  eo.spin = opts.spin;
+  eo.log = opts.log;
+  engine_ = std::make_unique<detail::tcp::engine>(rank_, size_, std::move(m.fds),
+                                                  std::move(m.addresses), std::move(eo));
+}
+
+}  // namespace cohort

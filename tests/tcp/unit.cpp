@@ -1,0 +1,850 @@
+// The TCP transport and the stores in one process: wire formats, the data path on socket
+// pairs (with bytes injected by hand), the stores, and whole jobs with ranks as threads over
+// loopback (IPv4 and IPv6): the suite, strangers, wrong tokens, missing ranks, aborts, lost peers.
+#include "../support.hpp"
+
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cohort/cohort.hpp>
+#include <cohort/rendezvous/file_store.hpp>
+#include <cohort/rendezvous/redis_store.hpp>
+#include <cohort/rendezvous/tcp_store.hpp>
+#include <cohort/transport/tcp.hpp>
+
+#include "../collectives/suite.hpp"
+
+namespace ct = cohort::test;
+namespace tcpd = cohort::detail::tcp;
+namespace net = cohort::detail::net;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A temporary directory removed at the end of the test.
+struct temp_dir {
+  std::string path;
+  temp_dir() {
+    char tmpl[] = "/tmp/cohort-tcp-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~temp_dir() { std::filesystem::remove_all(path); }
+};
+
+// Collects log lines from every rank.
+struct log_sink {
+  std::mutex m;
+  std::vector<std::string> lines;
+  std::function<void(std::string_view)> fn() {
+    return [this](std::string_view s) {
+      std::lock_guard lk(m);
+      lines.emplace_back(s);
+    };
+  }
+  bool contains(std::string_view needle) {
+    std::lock_guard lk(m);
+    for (const auto& l : lines)
+      if (l.find(needle) != std::string::npos) return true;
+    return false;
+  }
+  std::string all() {
+    std::lock_guard lk(m);
+    std::string s;
+    for (const auto& l : lines) s += l + "\n";
+    return s;
+  }
+};
+
+cohort::launch_info info_for(int rank, int size, const std::string& job) {
+  cohort::launch_info info;
+  info.rank = rank;
+  info.size = size;
+  info.local_rank = rank;
+  info.local_size = size;
+  info.job_id = job;
+  return info;
+}
+
+std::string unique_job(const char* what) {
+  static std::atomic<int> n{0};
+  return std::string(what) + "-" + std::to_string(::getpid()) + "-" + std::to_string(n++);
+}
+
+// Runs fn(comm) on `p` threads, each rank meeting the others through its own store from
+// make_store(rank); rethrows the first exception.
+template <class MakeStore, class Fn>
+void run_tcp(int p, const std::string& job, cohort::tcp_options opts, MakeStore make_store, Fn fn,
+             std::vector<std::chrono::milliseconds> delays = {}) {
+  std::vector<std::exception_ptr> errors(p);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < p; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        if (r < static_cast<int>(delays.size())) std::this_thread::sleep_for(delays[r]);
+        auto s = make_store(r);
+        auto comm = cohort::make_tcp_communicator(info_for(r, p, job), *s, opts);
+        fn(comm);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+cohort::tcp_options loopback_options(log_sink* sink = nullptr, bool v6 = false) {
+  cohort::tcp_options o;
+  o.interface = "lo";
+  o.family = v6 ? cohort::tcp_family::v6 : cohort::tcp_family::v4;
+  o.connect_timeout = 20s;
+  o.spin = 0us;  // ranks as threads on 2 cores: spinning only steals from the peer
+  if (sink)
+    o.log = sink->fn();
+  else
+    o.log = [](std::string_view) {};
+  return o;
+}
+
+// Two engines joined by a socket pair: the data path without any setup.
+struct engine_pair {
+  std::unique_ptr<tcpd::engine> a, b;
+  engine_pair() {
+    int sv[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) == 0);
+    a = make(0, sv[0]);
+    b = make(1, sv[1]);
+  }
+  static std::unique_ptr<tcpd::engine> make(int rank, int fd) {
+    std::vector<net::unique_fd> fds(2);
+    fds[1 - rank].reset(fd);
+    tcpd::engine_options o;
+    o.spin = 0us;
+    o.abort_linger = 200ms;
+    return std::make_unique<tcpd::engine>(rank, 2, std::move(fds),
+                                          std::vector<std::string>{"a", "b"}, o);
+  }
+};
+
+// One engine and the raw other end of its socket, to inject bytes.
+struct engine_raw {
+  std::unique_ptr<tcpd::engine> e;
+  net::unique_fd raw;
+  engine_raw() {
+    int sv[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) == 0);
+    e = engine_pair::make(0, sv[0]);
+    raw.reset(sv[1]);
+  }
+  void inject(const void* p, std::size_t n) {
+    REQUIRE(::send(raw.get(), p, n, MSG_NOSIGNAL) == static_cast<ssize_t>(n));
+  }
+  void inject_frame(tcpd::frame_type t, std::span<const std::byte> payload) {
+    std::byte h[tcpd::frame_header_size];
+    tcpd::encode_frame_header(h, t, static_cast<std::uint32_t>(payload.size()));
+    inject(h, sizeof h);
+    inject(payload.data(), payload.size());
+  }
+};
+
+std::vector<std::byte> pattern(std::size_t n, unsigned seed) {
+  std::vector<std::byte> v(n);
+  for (std::size_t i = 0; i < n; ++i)
+    v[i] = static_cast<std::byte>((i * 131 + seed * 7 + (i >> 11)) & 0xff);
+  return v;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Wire formats
+
+TEST_CASE("tcp wire: hellos are checked field by field") {
+  const tcpd::hello me{3, 4, "job-a", "secret"};
+  const auto b = tcpd::encode_hello(me);
+  tcpd::hello peer;
+  CHECK(tcpd::check_hello(b, "job-a", 4, "secret", peer).empty());
+  CHECK(peer.rank == 3);
+  CHECK(tcpd::check_hello(b, "job-a", 4, "other", peer) == "wrong token");
+  CHECK(tcpd::check_hello(b, "job-a", 4, "", peer) == "wrong token");
+  CHECK(tcpd::check_hello(b, "job-b", 4, "secret", peer).find("job id") != std::string::npos);
+  CHECK(tcpd::check_hello(b, "job-a", 5, "secret", peer).find("world size") != std::string::npos);
+  auto bad = b;
+  bad[0] ^= std::byte{1};
+  CHECK(tcpd::check_hello(bad, "job-a", 4, "secret", peer).find("magic") != std::string::npos);
+  bad = b;
+  bad[8] = std::byte{9};
+  CHECK(tcpd::check_hello(bad, "job-a", 4, "secret", peer).find("version") != std::string::npos);
+  bad = b;
+  bad[20] = std::byte{0xff};
+  CHECK(tcpd::check_hello(bad, "job-a", 4, "secret", peer).find("malformed") != std::string::npos);
+  const auto out_of_range = tcpd::encode_hello({7, 4, "job-a", "secret"});
+  CHECK(tcpd::check_hello(out_of_range, "job-a", 4, "secret", peer).find("out of range") !=
+        std::string::npos);
+  CHECK(tcpd::equal_secret("abc", "abc"));
+  CHECK_FALSE(tcpd::equal_secret("abc", "abcd"));
+}
+
+TEST_CASE("tcp wire: frame headers and abort frames") {
+  std::byte h[8];
+  tcpd::encode_frame_header(h, tcpd::frame_type::data, 1234);
+  auto d = tcpd::decode_frame_header(h);
+  REQUIRE(d);
+  CHECK(d->length == 1234);
+  tcpd::encode_frame_header(h, tcpd::frame_type::data, tcpd::max_data_frame + 1);
+  CHECK_FALSE(tcpd::decode_frame_header(h));  // over the limit: refused before any allocation
+  tcpd::encode_frame_header(h, tcpd::frame_type::data, 0);
+  CHECK_FALSE(tcpd::decode_frame_header(h));
+  tcpd::encode_frame_header(h, tcpd::frame_type::abort, tcpd::max_control_frame + 1);
+  CHECK_FALSE(tcpd::decode_frame_header(h));
+  tcpd::encode_frame_header(h, tcpd::frame_type::data, 5);
+  h[5] = std::byte{0};
+  CHECK_FALSE(tcpd::decode_frame_header(h));
+  h[5] = std::byte{0xC7};
+  h[4] = std::byte{9};
+  CHECK_FALSE(tcpd::decode_frame_header(h));
+
+  std::vector<std::byte> buf(tcpd::frame_header_size + tcpd::max_control_frame);
+  const cohort::failure f{cohort::make_error_code(cohort::errc::mismatch), 1,
+                          "rank 1 called all_gather"};
+  const std::size_t n = tcpd::encode_abort(buf.data(), buf.size(), 2, f);
+  const auto hh = tcpd::decode_frame_header(buf.data());
+  REQUIRE(hh);
+  CHECK(hh->type == tcpd::frame_type::abort);
+  CHECK(n == tcpd::frame_header_size + hh->length);
+  const auto back = tcpd::decode_abort(buf.data() + tcpd::frame_header_size, hh->length, 4);
+  REQUIRE(back);
+  CHECK(back->peer == 2);
+  CHECK(back->code == cohort::errc::mismatch);
+  CHECK(back->what == f.what);
+  CHECK_FALSE(
+      tcpd::decode_abort(buf.data() + tcpd::frame_header_size, hh->length, 2));  // origin >= size
+  const cohort::failure huge{std::make_error_code(std::errc::io_error), 0, std::string(10000, 'x')};
+  const std::size_t m = tcpd::encode_abort(buf.data(), buf.size(), 0, huge);
+  CHECK(m <= buf.size());
+  const auto hb = tcpd::decode_frame_header(buf.data());
+  REQUIRE(hb);
+  const auto generic = tcpd::decode_abort(buf.data() + tcpd::frame_header_size, hb->length, 1);
+  REQUIRE(generic);
+  CHECK(generic->code == std::errc::io_error);
+}
+
+TEST_CASE("tcp net: interface lists and the loopback default") {
+  CHECK(tcpd::interface_matches("", "eth0"));
+  CHECK(tcpd::interface_matches("eth", "eth0"));
+  CHECK_FALSE(tcpd::interface_matches("=eth", "eth0"));
+  CHECK(tcpd::interface_matches("=eth0,lo", "lo"));
+  CHECK_FALSE(tcpd::interface_matches("^lo,docker", "lo"));
+  CHECK(tcpd::interface_matches("^lo,docker", "eth0"));
+  CHECK_FALSE(tcpd::interface_matches("^lo,docker", "docker0"));
+  std::string why;
+  auto lo = tcpd::choose_address("lo", tcpd::family_choice::v4, "", why);
+  REQUIRE(lo);
+  CHECK(tcpd::host_of(lo->address) == "127.0.0.1");
+  auto lo6 = tcpd::choose_address("=lo", tcpd::family_choice::v6, "", why);
+  REQUIRE(lo6);
+  CHECK(tcpd::host_of(lo6->address) == "::1");
+  auto by_store = tcpd::choose_address("", tcpd::family_choice::any, "127.0.0.1", why);
+  REQUIRE(by_store);
+  CHECK(by_store->loopback);
+  CHECK_FALSE(tcpd::choose_address("no-such-interface", tcpd::family_choice::any, "", why));
+  CHECK(why.find("no-such-interface") != std::string::npos);
+  std::string host;
+  int port = 0;
+  CHECK(net::split_host_port("[fd00::1]:29500", host, port));
+  CHECK((host == "fd00::1" && port == 29500));
+  CHECK(net::split_host_port("node7:80", host, port));
+  CHECK_FALSE(net::split_host_port("fd00::1:80", host, port));
+  CHECK_FALSE(net::split_host_port("host:0", host, port));
+  CHECK(net::is_loopback_host("127.0.0.2"));
+  CHECK(net::is_loopback_host("::1"));
+  CHECK_FALSE(net::is_loopback_host("10.0.0.1"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The data path on socket pairs
+
+TEST_CASE("tcp engine: the stream ignores how sends and receives are split") {
+  engine_pair p;
+  const auto until = cohort::clock::now() + 20s;
+  const std::size_t sizes_out[] = {1, 3 * (1u << 20) + 5, 17, 0, 65536, 7};
+  const std::size_t sizes_in[] = {2, 1u << 20, 2 * (1u << 20) + 4, 65536 + 10, 3, 11};
+  std::size_t total = 0;
+  for (auto s : sizes_out) total += s;
+  const auto src = pattern(total, 1);
+  std::vector<std::byte> dst(total);
+  std::vector<tcpd::engine::request> sends, recvs;
+  std::size_t off = 0;
+  for (auto s : sizes_out) {
+    sends.push_back(p.a->send(1, std::span(src).subspan(off, s)));
+    off += s;
+  }
+  off = 0;
+  for (auto s : sizes_in) {
+    recvs.push_back(p.b->recv(0, std::span(dst).subspan(off, s)));
+    off += s;
+  }
+  REQUIRE(off == total);
+  // One thread each: the sender blocks once the socket is full, until the receiver reads.
+  std::thread reader([&] {
+    std::error_code ec;
+    for (auto& r : recvs) {
+      p.b->wait(r, until, ec);
+      REQUIRE_FALSE(ec);
+    }
+  });
+  std::error_code ec;
+  for (auto& s : sends) {
+    p.a->wait(s, until, ec);
+    CHECK_FALSE(ec);
+  }
+  reader.join();
+  CHECK(dst == src);
+}
+
+TEST_CASE("tcp engine: full duplex, both sides send 32 MiB before they receive") {
+  engine_pair p;
+  const std::size_t n = 32u << 20;
+  const auto out_a = pattern(n, 2), out_b = pattern(n, 3);
+  std::vector<std::byte> in_a(n), in_b(n);
+  auto side = [&](tcpd::engine& e, int peer, const std::vector<std::byte>& out,
+                  std::vector<std::byte>& in) {
+    const auto until = cohort::clock::now() + 30s;
+    auto s = e.send(peer, out);
+    auto r = e.recv(peer, in);
+    std::error_code ec;
+    e.wait(s, until, ec);  // the send completes only if this wait also reads
+    REQUIRE_FALSE(ec);
+    e.wait(r, until, ec);
+    REQUIRE_FALSE(ec);
+  };
+  std::thread t([&] { side(*p.b, 0, out_b, in_b); });
+  side(*p.a, 1, out_a, in_a);
+  t.join();
+  CHECK(in_a == out_b);
+  CHECK(in_b == out_a);
+}
+
+TEST_CASE("tcp engine: end of stream is peer_lost, after the bytes that came before it") {
+  engine_raw x;
+  const auto until = cohort::clock::now() + 5s;
+  const auto data = pattern(100, 4);
+  x.inject_frame(tcpd::frame_type::data, data);
+  x.raw.reset();  // the peer is gone
+  std::vector<std::byte> got(100), more(1);
+  auto r = x.e->recv(1, got);
+  std::error_code ec;
+  x.e->wait(r, until, ec);
+  CHECK_FALSE(ec);
+  CHECK(got == data);
+  r = x.e->recv(1, more);
+  x.e->wait(r, until, ec);
+  CHECK(ec == cohort::errc::peer_lost);
+  CHECK(x.e->lost_reason(1) == "connection closed");
+  auto s = x.e->send(1, std::span(data));  // later operations fail at once
+  const auto t0 = cohort::clock::now();
+  x.e->wait(s, until, ec);
+  CHECK(ec == cohort::errc::peer_lost);
+  CHECK(cohort::clock::now() - t0 < 1s);
+}
+
+TEST_CASE("tcp engine: a malformed or oversized frame header is a protocol error") {
+  for (int variant = 0; variant < 3; ++variant) {
+    engine_raw x;
+    std::byte h[8];
+    if (variant == 0) {
+      tcpd::encode_frame_header(h, tcpd::frame_type::data, 0xffffffffu);  // 4 GiB declared
+    } else if (variant == 1) {
+      std::mt19937 rng(variant);
+      for (auto& b : h) b = static_cast<std::byte>(rng());
+    } else {
+      tcpd::encode_frame_header(h, tcpd::frame_type::abort, 3);  // too short to be an abort
+    }
+    x.inject(h, sizeof h);
+    std::vector<std::byte> got(16);
+    auto r = x.e->recv(1, got);
+    std::error_code ec;
+    x.e->wait(r, cohort::clock::now() + 5s, ec);
+    CHECK(ec == cohort::errc::protocol_error);
+  }
+}
+
+TEST_CASE("tcp engine: a timeout says timed_out and leaves the stream usable") {
+  engine_pair p;
+  std::vector<std::byte> got(8);
+  auto r = p.b->recv(0, got);
+  std::error_code ec;
+  const auto t0 = cohort::clock::now();
+  p.b->wait(r, t0 + 50ms, ec);
+  CHECK(ec == cohort::errc::timed_out);
+  CHECK(cohort::clock::now() - t0 >= 50ms);
+  CHECK(cohort::clock::now() - t0 < 2s);
+  const auto data = pattern(8, 5);
+  auto s = p.a->send(1, data);
+  p.a->wait(s, cohort::clock::now() + 5s, ec);
+  REQUIRE_FALSE(ec);
+  p.b->wait(r, cohort::clock::now() + 5s, ec);
+  CHECK_FALSE(ec);
+  CHECK(got == data);
+}
+
+TEST_CASE("tcp engine: abort finishes the half-sent frame, and the peer learns who and why") {
+  engine_pair p;
+  // A send larger than the socket buffer leaves a frame half written when the sender aborts.
+  const auto big = pattern(8u << 20, 6);
+  auto s = p.a->send(1, big);
+  std::error_code ec;
+  p.a->wait(s, cohort::clock::now() + 20ms, ec);
+  CHECK(ec == cohort::errc::timed_out);
+  std::vector<std::byte> sink(8u << 20);
+  auto r = p.b->recv(0, sink);
+  std::thread reader([&] {
+    std::error_code e2;
+    p.b->wait(r, cohort::clock::now() + 10s, e2);
+    CHECK(e2 == cohort::errc::mismatch);  // the code the peer aborted with
+  });
+  p.a->abort({cohort::make_error_code(cohort::errc::mismatch), 1, "rank 0 saw a different call"});
+  reader.join();
+  const cohort::failure* f = p.b->remote_failure();
+  REQUIRE(f);
+  CHECK(f->peer == 0);
+  CHECK(f->what == "rank 0 saw a different call");
+  CHECK(p.a->remote_failure() == nullptr);
+  auto later = p.a->send(1, big);
+  p.a->wait(later, cohort::clock::now() + 1s, ec);
+  CHECK(ec == cohort::errc::aborted);
+}
+
+TEST_CASE("tcp engine: an abort frame behind bytes nobody asked for is still seen") {
+  engine_raw x;
+  const auto data = pattern(1000, 7);
+  x.inject_frame(tcpd::frame_type::data, data);
+  std::vector<std::byte> abort_frame(tcpd::frame_header_size + tcpd::max_control_frame);
+  abort_frame.resize(
+      tcpd::encode_abort(abort_frame.data(), abort_frame.size(), 1,
+                         {cohort::make_error_code(cohort::errc::timed_out), 0, "stuck"}));
+  x.inject(abort_frame.data(), abort_frame.size());
+  // Rank 0 waits for something else entirely (its own send to a peer that does not read):
+  // the abort arrives on the stream it is not receiving from.
+  std::vector<std::byte> huge(16u << 20);
+  auto s = x.e->send(1, huge);
+  std::error_code ec;
+  x.e->wait(s, cohort::clock::now() + 5s, ec);
+  CHECK(ec == cohort::errc::timed_out);
+  REQUIRE(x.e->remote_failure());
+  CHECK(x.e->remote_failure()->what == "stuck");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stores
+
+namespace {
+
+void exercise_store(cohort::store& a, cohort::store& b) {
+  const auto soon = cohort::clock::now() + 5s;
+  a.set("x", "1");
+  CHECK(b.try_get("x") == std::optional<std::string>("1"));
+  CHECK_FALSE(b.try_get("absent").has_value());
+  CHECK(a.add("n", 5) == 5);
+  CHECK(b.add("n", -2) == 3);
+  CHECK(a.try_get("n") == std::optional<std::string>("3"));
+  const std::string binary("a\0b\xff", 4);
+  b.set("bin/ary key", binary);
+  CHECK(a.get("bin/ary key", soon) == binary);
+  std::thread later([&] {
+    std::this_thread::sleep_for(30ms);
+    b.set("late", "here");
+  });
+  CHECK(a.get("late", soon) == "here");
+  later.join();
+  const std::vector<std::string> keys = {"x", "k1", "late", "k2"};
+  std::error_code ec;
+  const auto t0 = cohort::clock::now();
+  const auto missing = a.wait(keys, t0 + 100ms, ec);
+  CHECK(ec == cohort::errc::timed_out);
+  CHECK(missing == std::vector<std::string>{"k1", "k2"});
+  CHECK(cohort::clock::now() - t0 < 3s);
+  CHECK_THROWS_AS(a.get("never", cohort::clock::now() + 10ms), cohort::error);
+  b.set("x", "replaced");
+  CHECK(a.try_get("x") == std::optional<std::string>("replaced"));
+}
+
+}  // namespace
+
+TEST_CASE("tcp store: set, get, add, wait with deadlines") {
+  cohort::tcp_store_server server("127.0.0.1", 0, {.token = {}, .log = [](std::string_view) {}});
+  cohort::tcp_store a("127.0.0.1", server.port()), b("127.0.0.1", server.port());
+  exercise_store(a, b);
+}
+
+TEST_CASE("tcp store: strangers and wrong tokens are turned away, the store goes on") {
+  log_sink sink;
+  cohort::tcp_store_server server("127.0.0.1", 0, {.token = "t0k", .log = sink.fn()});
+  net::endpoint e;
+  REQUIRE(net::numeric_endpoint("127.0.0.1", server.port(), e));
+  std::error_code ec;
+  auto junk = net::connect_to(e, cohort::clock::now() + 5s, ec);
+  REQUIRE_FALSE(ec);
+  std::mt19937 rng(42);
+  std::vector<char> noise(4096);
+  for (auto& c : noise) c = static_cast<char>(rng());
+  net::send_all(junk.get(), noise.data(), noise.size(), cohort::clock::now() + 5s, ec);
+  auto silent = net::connect_to(e, cohort::clock::now() + 5s, ec);  // says nothing at all
+  cohort::tcp_store wrong("127.0.0.1", server.port(), {.token = "nope", .timeout = 5s});
+  CHECK_THROWS_AS(wrong.set("k", "v"), cohort::error);
+  CHECK(wrong.last_error().find("COHORT_TOKEN") != std::string::npos);
+  cohort::tcp_store right("127.0.0.1", server.port(), {.token = "t0k", .timeout = 5s});
+  right.set("k", "v");
+  CHECK(right.try_get("k") == std::optional<std::string>("v"));
+  // A declared value over the limit is refused from its header alone.
+  auto big = net::connect_to(e, cohort::clock::now() + 5s, ec);
+  std::string hello(16, '\0');
+  namespace w = cohort::detail::store_wire;
+  w::store_le<std::uint64_t>(reinterpret_cast<std::byte*>(hello.data()), w::magic);
+  w::store_le<std::uint32_t>(reinterpret_cast<std::byte*>(hello.data()) + 8, w::version);
+  w::store_le<std::uint16_t>(reinterpret_cast<std::byte*>(hello.data()) + 12, 3);
+  hello += "t0k";
+  std::byte req[w::request_size];
+  w::encode_request(req, w::op::set, 1, 0, 0);
+  w::store_le<std::uint32_t>(req + 8, 0x7fffffff);
+  hello.append(reinterpret_cast<const char*>(req), sizeof req);
+  net::send_all(big.get(), hello.data(), hello.size(), cohort::clock::now() + 5s, ec);
+  char answer[32];  // more than the hello's answer: the server closes before that much comes
+  net::recv_all(big.get(), answer, sizeof answer, cohort::clock::now() + 5s, ec);
+  CHECK(ec == cohort::errc::peer_lost);
+  CHECK(right.add("n", 1) == 1);
+  CHECK(sink.contains("bad magic"));
+  CHECK(sink.contains("wrong token"));
+  CHECK(sink.contains("malformed request"));
+}
+
+TEST_CASE("tcp store: a client may start before the server") {
+  int port = 0;
+  {
+    cohort::tcp_store_server probe("127.0.0.1", 0);
+    port = probe.port();
+  }
+  cohort::tcp_store early("127.0.0.1", port, {.token = {}, .timeout = 10s});
+  std::unique_ptr<cohort::tcp_store_server> server;
+  std::thread starter([&] {
+    std::this_thread::sleep_for(200ms);
+    server = std::make_unique<cohort::tcp_store_server>("127.0.0.1", port);
+  });
+  early.set("k", "v");
+  starter.join();
+  CHECK(early.try_get("k") == std::optional<std::string>("v"));
+  early.disconnect();  // else the server lingers for it when destroyed
+}
+
+TEST_CASE("file store: set, get, add, wait with deadlines") {
+  temp_dir d;
+  cohort::file_store a(d.path), b(d.path + "/");
+  exercise_store(a, b);
+  // add is atomic across clients.
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 4; ++i)
+    ts.emplace_back([&] {
+      cohort::file_store s(d.path);
+      for (int k = 0; k < 25; ++k) s.add("counter", 1);
+    });
+  for (auto& t : ts) t.join();
+  CHECK(a.try_get("counter") == std::optional<std::string>("100"));
+}
+
+#if defined(COHORT_WITH_HIREDIS)
+TEST_CASE("redis store: set, get, add, wait with deadlines (against a real redis-server)") {
+  const char* candidates[] = {"/usr/bin/redis-server", "/usr/sbin/redis-server",
+                              "/usr/local/bin/redis-server"};
+  const char* server = nullptr;
+  for (const char* c : candidates)
+    if (::access(c, X_OK) == 0) server = c;
+  if (!server) {
+    std::fprintf(stderr, "SKIP: redis-server is not installed (Debian: redis-server)\n");
+    std::_Exit(77);
+  }
+  int port = 0;
+  {
+    cohort::tcp_store_server probe("127.0.0.1", 0);  // a free port, released just below
+    port = probe.port();
+  }
+  temp_dir d;
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const std::string p = std::to_string(port);
+    ::execl(server, server, "--bind", "127.0.0.1", "--port", p.c_str(), "--save", "",
+            "--appendonly", "no", "--dir", d.path.c_str(), "--protected-mode", "yes", "--loglevel",
+            "warning", static_cast<char*>(nullptr));
+    std::_Exit(127);
+  }
+  struct reaper {
+    pid_t pid;
+    ~reaper() {
+      ::kill(pid, SIGTERM);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } reap{pid};
+  std::unique_ptr<cohort::redis_store> a, b;
+  const auto until = cohort::clock::now() + 10s;
+  while (!a) {
+    try {
+      a = std::make_unique<cohort::redis_store>(
+          "127.0.0.1", port,
+          cohort::redis_store_options{.prefix = "t/", .password = {}, .timeout = 2s});
+    } catch (const cohort::error&) {
+      REQUIRE(cohort::clock::now() < until);
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  b = std::make_unique<cohort::redis_store>(
+      "127.0.0.1", port,
+      cohort::redis_store_options{.prefix = "t/", .password = {}, .timeout = 2s});
+  exercise_store(*a, *b);
+  // A whole job can meet there too.
+  const std::string job = unique_job("redis");
+  run_tcp(
+      3, job, loopback_options(),
+      [&](int) {
+        return std::make_unique<cohort::redis_store>(
+            "127.0.0.1", port,
+            cohort::redis_store_options{.prefix = "j/", .password = {}, .timeout = 5s});
+      },
+      [](auto& comm) {
+        ct::check<float>(comm, ct::kind::all_reduce, cohort::ops::sum, 1000, 0, 3);
+      });
+}
+#else
+TEST_CASE("redis store: set, get, add, wait with deadlines (against a real redis-server)") {
+  std::fprintf(stderr, "SKIP: built without hiredis (Debian: libhiredis-dev)\n");
+  std::_Exit(77);
+}
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// Whole jobs, ranks as threads
+
+TEST_CASE("tcp job: the collective suite over IPv4 and IPv6 loopback, ranks as threads") {
+  for (bool v6 : {false, true}) {
+    for (int p : {2, 3}) {
+      INFO("IPv", v6 ? 6 : 4, " P=", p);
+      temp_dir d;
+      CHECK_NOTHROW(run_tcp(
+          p, unique_job("suite"), loopback_options(nullptr, v6),
+          [&](int) { return std::make_unique<cohort::file_store>(d.path); },
+          [&](auto& comm) {
+            if (v6)
+              CHECK(comm.transport().peer_address((comm.rank() + 1) % p).starts_with("[::1]"));
+            for (std::size_t n :
+                 {std::size_t(0), std::size_t(1), std::size_t(1025), std::size_t(3 * 65536 + 7)})
+              for (ct::kind k : ct::every_kind)
+                ct::check<float>(comm, k, cohort::ops::sum, n, static_cast<int>(n % p), 11 + n);
+          }));
+    }
+  }
+}
+
+TEST_CASE("tcp job: a stranger's bytes and a wrong token are refused, the job completes") {
+  temp_dir d;
+  log_sink sink;
+  auto opts = loopback_options(&sink);
+  opts.token = "the-right-token";
+  opts.handshake_timeout = 10s;  // a silent stranger must not hold the job for this long
+  const std::string job = unique_job("stranger");
+  std::atomic<bool> strangers_done{false};
+  std::thread stranger([&] {
+    cohort::file_store s(d.path);
+    const auto addr = s.get("cohort/" + job + "/addr/0", cohort::clock::now() + 10s);
+    const auto space = addr.find(' ');
+    net::endpoint e;
+    REQUIRE(net::numeric_endpoint(addr.substr(0, space), std::stoi(addr.substr(space + 1)), e));
+    std::error_code ec;
+    std::vector<net::unique_fd> held;
+    // Random bytes.
+    auto a = net::connect_to(e, cohort::clock::now() + 5s, ec);
+    std::mt19937 rng(7);
+    std::vector<char> noise(300);
+    for (auto& c : noise) c = static_cast<char>(rng());
+    net::send_all(a.get(), noise.data(), noise.size(), cohort::clock::now() + 5s, ec);
+    held.push_back(std::move(a));
+    // A proper hello with the wrong token, claiming a rank that exists.
+    auto b = net::connect_to(e, cohort::clock::now() + 5s, ec);
+    const auto h = tcpd::encode_hello({2, 3, job, "wrong-token"});
+    net::send_all(b.get(), h.data(), h.size(), cohort::clock::now() + 5s, ec);
+    held.push_back(std::move(b));
+    // Silence.
+    held.push_back(net::connect_to(e, cohort::clock::now() + 5s, ec));
+    std::this_thread::sleep_for(100ms);
+    strangers_done = true;
+    std::this_thread::sleep_for(1s);  // keep them open while the job sets up
+  });
+  const auto t0 = cohort::clock::now();
+  CHECK_NOTHROW(run_tcp(
+      3, job, opts, [&](int) { return std::make_unique<cohort::file_store>(d.path); },
+      [&](auto& comm) {
+        ct::check<float>(comm, ct::kind::all_reduce, cohort::ops::sum, 100'000, 0, 5);
+        ct::check<std::int32_t>(comm, ct::kind::all_gather, cohort::ops::sum, 1000, 0, 6);
+      },
+      {0ms, 0ms, 600ms}));  // rank 2 comes late: rank 0 is still accepting
+  stranger.join();
+  CHECK(strangers_done);
+  CHECK(cohort::clock::now() - t0 < 8s);
+  INFO(sink.all());
+  CHECK(sink.contains("bad magic"));
+  CHECK(sink.contains("wrong token"));
+}
+
+TEST_CASE("tcp job: a rank with the wrong token cannot join") {
+  temp_dir d;
+  log_sink sink;
+  const std::string job = unique_job("token");
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      auto o = loopback_options(&sink);
+      o.token = r == 0 ? "alpha" : "beta";
+      o.connect_timeout = 1500ms;
+      cohort::file_store s(d.path);
+      try {
+        auto comm = cohort::make_tcp_communicator(info_for(r, 2, job), s, o);
+      } catch (const cohort::error& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  INFO(errors[0], " | ", errors[1]);
+  CHECK(errors[1].find("COHORT_TOKEN") != std::string::npos);
+  CHECK(sink.contains("wrong token"));
+}
+
+TEST_CASE("tcp job: a rank that never arrives is named in timed_out") {
+  temp_dir d;
+  const std::string job = unique_job("missing");
+  auto o = loopback_options();
+  o.connect_timeout = 700ms;
+  std::vector<std::optional<cohort::error>> errs(3);
+  std::vector<std::thread> ts;
+  for (int r : {0, 2})  // rank 1 never comes
+    ts.emplace_back([&, r] {
+      cohort::file_store s(d.path);
+      try {
+        auto comm = cohort::make_tcp_communicator(info_for(r, 3, job), s, o);
+      } catch (const cohort::error& e) {
+        errs[r] = e;
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int r : {0, 2}) {
+    REQUIRE(errs[r]);
+    CHECK(errs[r]->code() == cohort::errc::timed_out);
+    CHECK(errs[r]->peer() == 1);
+    CHECK(std::string(errs[r]->what()).find("rank 1 never arrived") != std::string::npos);
+  }
+}
+
+TEST_CASE("tcp job: abort reaches every peer with who and why") {
+  temp_dir d;
+  const std::string job = unique_job("abort");
+  std::vector<std::string> what(3);
+  std::vector<std::error_code> codes(3);
+  std::vector<int> peers(3, -2);
+  run_tcp(
+      3, job, loopback_options(), [&](int) { return std::make_unique<cohort::file_store>(d.path); },
+      [&](auto& comm) {
+        cohort::barrier(comm);
+        if (comm.rank() == 1) {
+          // Let the others leave the barrier: an abort fails every wait, even one whose
+          // bytes are on their way.
+          std::this_thread::sleep_for(200ms);
+          comm.abort("rank 1 ran out of memory");
+          return;
+        }
+        std::vector<float> x(1000, 1.0f);
+        std::error_code ec;
+        cohort::all_reduce(comm, x, cohort::ops::sum, {.timeout = 10s}, ec);
+        codes[comm.rank()] = ec;
+        if (comm.last_failure()) {
+          what[comm.rank()] = comm.last_failure()->what;
+          peers[comm.rank()] = comm.last_failure()->peer;
+        }
+      });
+  for (int r : {0, 2}) {
+    INFO("rank ", r, ": ", what[r]);
+    CHECK(codes[r] == cohort::errc::aborted);
+    CHECK(peers[r] == 1);
+    CHECK(what[r].find("rank 1 ran out of memory") != std::string::npos);
+  }
+}
+
+TEST_CASE(
+    "tcp job: a rank that leaves mid-collective is peer_lost at the survivors, within the "
+    "deadline") {
+  temp_dir d;
+  const std::string job = unique_job("lost");
+  std::vector<std::error_code> codes(3);
+  std::vector<cohort::clock::duration> took(3);
+  run_tcp(
+      3, job, loopback_options(), [&](int) { return std::make_unique<cohort::file_store>(d.path); },
+      [&](auto& comm) {
+        std::vector<float> x(1 << 20, 1.0f);
+        cohort::all_reduce(comm, x, cohort::ops::sum);
+        if (comm.rank() == 1) return;  // closes its sockets while the others are in all_reduce
+        std::error_code ec;
+        const auto t0 = cohort::clock::now();
+        for (int i = 0; i < 20 && !ec; ++i)
+          cohort::all_reduce(comm, x, cohort::ops::sum, {.timeout = 20s}, ec);
+        took[comm.rank()] = cohort::clock::now() - t0;
+        codes[comm.rank()] = ec;
+      });
+  for (int r : {0, 2}) {
+    INFO("rank ", r, ": ", codes[r].message());
+    CHECK(codes[r] == cohort::errc::peer_lost);
+    CHECK(took[r] < 5s);
+  }
+}
+
+TEST_CASE("tcp job: ranks that call different collectives are told so by name, on every rank") {
+  temp_dir d;
+  std::vector<std::error_code> codes(3);
+  std::vector<std::string> what(3);
+  run_tcp(
+      3, unique_job("mismatch"), loopback_options(),
+      [&](int) { return std::make_unique<cohort::file_store>(d.path); },
+      [&](auto& comm) {
+        std::vector<float> x(4096, 1.0f), all(3 * 4096);
+        std::error_code ec;
+        if (comm.rank() == 2)
+          cohort::all_gather(comm, x, all, {.timeout = 10s}, ec);
+        else
+          cohort::all_reduce(comm, x, cohort::ops::sum, {.timeout = 10s}, ec);
+        codes[comm.rank()] = ec;
+        if (comm.last_failure()) what[comm.rank()] = comm.last_failure()->what;
+      });
+  for (int r = 0; r < 3; ++r) {
+    INFO("rank ", r, ": ", what[r]);
+    CHECK(codes[r] == cohort::errc::mismatch);
+    CHECK(what[r].find("all_gather") != std::string::npos);
+  }
+}
+
+TEST_CASE("tcp job: one rank needs no store and no socket") {
+  cohort::launch_info info = info_for(0, 1, "solo");
+  auto comm = cohort::make_tcp_communicator(info);
+  std::vector<float> x(10, 2.0f);
+  cohort::all_reduce(comm, x, cohort::ops::sum);
+  CHECK(x[9] == 2.0f);
+  cohort::barrier(comm);
+}
