@@ -86,7 +86,6 @@ void check(Comm& comm, kind k, const Op& op, std::size_t n, int root, std::uint6
   const int p = comm.size(), r = comm.rank();
   std::vector<T> in(n), out;
   for (std::size_t i = 0; i < n; ++i) in[i] = exact_input<T, Op>(seed, r, i);
-  std::span<const T> expect_span;
   std::vector<T> expect;
   auto fail = [&](std::size_t i, const T& got, const T& want) {
     throw check_failed(std::string(kind_name(k)) + " " + std::string(dtype_name(dtype_of<T>)) +

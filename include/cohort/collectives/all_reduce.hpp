@@ -25,6 +25,17 @@ bool all_reduce_small(Call& c, const T* in, T* out, std::size_t n, const Op& op)
   if (n > 0) std::memcpy(rows.data() + row * c.rank(), in, row);
   if (!ring_all_gather(c, rows.data(), [&](int i) { return block{row * i, row}; })) return false;
   const T* x = reinterpret_cast<const T*>(rows.data());
+  if constexpr (std::same_as<accumulator_t<T>, T>) {
+    // Row by row, so the loops vectorize; the same order and roundings as below.
+    if (p == 2) {
+      combine_last(x, x + n, out, n, op, p);
+    } else {
+      combine(x, x + n, out, n, op);
+      for (int q = 2; q + 1 < p; ++q) combine(out, x + q * n, out, n, op);
+      combine_last(out, x + (p - 1) * n, out, n, op, p);
+    }
+    return true;
+  }
   for (std::size_t i = 0; i < n; ++i) {
     accumulator_t<T> acc = widen(x[i]);
     for (int q = 1; q < p; ++q) acc = op(acc, widen(x[q * n + i]));
