@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -89,7 +90,6 @@ class mlp {
       }
     }
     acts_.resize(widths_.size());
-    deltas_.resize(widths_.size());
   }
 
   /// Every weight and bias, in one buffer.
@@ -101,39 +101,90 @@ class mlp {
   std::size_t inputs() const noexcept { return widths_.front(); }
   std::size_t classes() const noexcept { return widths_.back(); }
 
-  /// Forward and backward over examples `rows` of `d`: sets `gradients()` to the gradient of
-  /// the mean cross-entropy over them and returns that mean loss.
-  float backward_batch(const dataset& d, std::span<const std::size_t> rows) {
-    std::fill(grads_.begin(), grads_.end(), 0.0f);
-    const float inv = 1.0f / static_cast<float>(rows.size());
+  /// Number of dense layers.
+  std::size_t layers() const noexcept { return widths_.size() - 1; }
+  /// The gradients of layer `l` (its weights, then its biases) inside `gradients()`.
+  std::span<float> layer_gradients(std::size_t l) noexcept {
+    return {grads_.data() + offsets_[l], widths_[l + 1] * widths_[l] + widths_[l + 1]};
+  }
+
+  /// Forward and backward over examples `rows` of `d`, the whole batch one layer at a time:
+  /// sets `gradients()` to the gradient of the mean cross-entropy over them (adds to it when
+  /// `add`) and returns that mean loss. `layer_done(l)` is called as soon as layer l's
+  /// gradients are final, top layer first, so that their reduction can start while the
+  /// layers below are still being computed.
+  float backward_batch(const dataset& d, std::span<const std::size_t> rows, bool add = false,
+                       const std::function<void(std::size_t)>& layer_done = {}) {
+    if (!add) std::fill(grads_.begin(), grads_.end(), 0.0f);
+    const std::size_t batch = rows.size(), top = layers();
+    batch_acts_.resize(widths_.size());
+    // Forward: batch_acts_[l] is batch x widths_[l], softmax probabilities on top.
+    batch_acts_[0].resize(batch * widths_[0]);
+    for (std::size_t b = 0; b < batch; ++b) {
+      const auto x = d.row(rows[b]);
+      std::copy(x.begin(), x.end(), batch_acts_[0].begin() + b * widths_[0]);
+    }
+    for (std::size_t l = 0; l < top; ++l) {
+      const std::size_t in = widths_[l], out = widths_[l + 1];
+      const float* w = weights(l);
+      const float* bias = w + out * in;
+      batch_acts_[l + 1].resize(batch * out);
+      for (std::size_t b = 0; b < batch; ++b) {
+        const float* a = batch_acts_[l].data() + b * in;
+        float* z = batch_acts_[l + 1].data() + b * out;
+        for (std::size_t o = 0; o < out; ++o) {
+          float s = bias[o];
+          for (std::size_t i = 0; i < in; ++i) s += w[o * in + i] * a[i];
+          z[o] = l + 1 < top ? std::max(s, 0.0f) : s;
+        }
+      }
+    }
+    // Softmax cross-entropy: dL/dlogit = (softmax - onehot) / batch.
     double loss = 0.0;
-    for (std::size_t r : rows) {
-      loss += forward(d.row(r), d.y[r]);
-      // Softmax cross-entropy: dL/dlogit = softmax - onehot, scaled for the mean.
-      std::vector<float>& top = deltas_.back();
-      top = acts_.back();
-      top[static_cast<std::size_t>(d.y[r])] -= 1.0f;
-      for (float& v : top) v *= inv;
-      for (std::size_t l = widths_.size() - 1; l-- > 0;) {
-        const std::size_t in = widths_[l], out = widths_[l + 1];
-        float* gw = grads_.data() + offsets_[l];
-        float* gb = gw + out * in;
-        const std::vector<float>& a = acts_[l];
-        const std::vector<float>& dz = deltas_[l + 1];
+    std::vector<float>& delta = batch_delta_;
+    delta.assign(batch * widths_[top], 0.0f);
+    const float inv = 1.0f / static_cast<float>(batch);
+    for (std::size_t b = 0; b < batch; ++b) {
+      float* z = batch_acts_[top].data() + b * widths_[top];
+      const float m = *std::max_element(z, z + widths_[top]);
+      double sum = 0.0;
+      for (std::size_t o = 0; o < widths_[top]; ++o) sum += (z[o] = std::exp(z[o] - m));
+      const auto label = static_cast<std::size_t>(d.y[rows[b]]);
+      for (std::size_t o = 0; o < widths_[top]; ++o) {
+        z[o] = static_cast<float>(z[o] / sum);
+        delta[b * widths_[top] + o] = (z[o] - (o == label ? 1.0f : 0.0f)) * inv;
+      }
+      loss -= std::log(std::max(static_cast<double>(z[label]), 1e-30));
+    }
+    // Backward, top layer first.
+    for (std::size_t l = top; l-- > 0;) {
+      const std::size_t in = widths_[l], out = widths_[l + 1];
+      float* gw = grads_.data() + offsets_[l];
+      float* gb = gw + out * in;
+      for (std::size_t b = 0; b < batch; ++b) {
+        const float* a = batch_acts_[l].data() + b * in;
+        const float* dz = delta.data() + b * out;
         for (std::size_t o = 0; o < out; ++o) {
           gb[o] += dz[o];
           for (std::size_t i = 0; i < in; ++i) gw[o * in + i] += dz[o] * a[i];
         }
-        if (l == 0) break;
-        std::vector<float>& da = deltas_[l];
-        da.assign(in, 0.0f);
-        const float* w = weights(l);
+      }
+      if (layer_done) layer_done(l);
+      if (l == 0) break;
+      std::vector<float>& below = batch_delta_below_;
+      below.assign(batch * in, 0.0f);
+      const float* w = weights(l);
+      for (std::size_t b = 0; b < batch; ++b) {
+        const float* dz = delta.data() + b * out;
+        const float* a = batch_acts_[l].data() + b * in;
+        float* da = below.data() + b * in;
         for (std::size_t o = 0; o < out; ++o)
           for (std::size_t i = 0; i < in; ++i) da[i] += w[o * in + i] * dz[o];
         for (std::size_t i = 0; i < in; ++i) da[i] = a[i] > 0.0f ? da[i] : 0.0f;  // ReLU'
       }
+      delta.swap(below);
     }
-    return static_cast<float>(loss / static_cast<double>(rows.size()));
+    return static_cast<float>(loss / static_cast<double>(batch));
   }
 
   /// The mean cross-entropy over all of `d`.
@@ -183,26 +234,31 @@ class mlp {
   std::vector<std::size_t> widths_;
   std::vector<std::size_t> offsets_;
   std::vector<float> params_, grads_;
-  std::vector<std::vector<float>> acts_, deltas_;
+  std::vector<std::vector<float>> acts_;  // one example's activations (loss, accuracy)
+  std::vector<std::vector<float>> batch_acts_;  // per layer, batch x width
+  std::vector<float> batch_delta_, batch_delta_below_;
 };
 
-/// Stochastic gradient descent with momentum: v = momentum * v + g; p -= lr * v.
+/// Stochastic gradient descent with momentum: v = momentum * v + g; p -= scale * lr * v.
 class sgd {
  public:
   /// Learning rate and momentum.
   sgd(float lr, float momentum) : lr_(lr), momentum_(momentum) {}
+
+  /// Multiplies the learning rate from the next step on (for warm-up schedules).
+  void set_scale(float scale) { scale_ = scale; }
 
   /// Applies one step with gradients `g` to `params` (same size every call).
   void step(std::span<float> params, std::span<const float> g) {
     if (velocity_.size() != params.size()) velocity_.assign(params.size(), 0.0f);
     for (std::size_t i = 0; i < params.size(); ++i) {
       velocity_[i] = momentum_ * velocity_[i] + g[i];
-      params[i] -= lr_ * velocity_[i];
+      params[i] -= scale_ * lr_ * velocity_[i];
     }
   }
 
  private:
-  float lr_, momentum_;
+  float lr_, momentum_, scale_ = 1.0f;
   std::vector<float> velocity_;
 };
 
