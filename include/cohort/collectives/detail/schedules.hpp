@@ -30,19 +30,14 @@ std::span<std::byte> writable_bytes_of(T* p, std::size_t n) {
 /// Scratch bytes `recv_reduce` needs for staging on a transport that lends no views.
 inline constexpr std::size_t staging_bytes = 2 * tuning::chunk_bytes;
 
-/// Receives `n` elements from `peer` and writes dst[i] = op(received[i], mine[i]), applying
-/// the op's finalize when `last`. `dst` may alias `mine`. Reduces straight out of the
-/// transport's memory when it lends views; else through two staging chunks, reducing one while
-/// the next arrives.
-template <class Call, element T, class Op>
-bool recv_reduce(Call& c, int peer, const T* mine, T* dst, std::size_t n, const Op& op,
-                 bool last, std::span<std::byte> staging) {
+/// Receives `n` elements of T from `peer` piece by piece, after the header check, and calls
+/// `use(received, offset, count)` on each piece as it lands: straight out of the transport's
+/// memory when it lends views, else through two staging chunks, using one while the next
+/// arrives.
+template <class T, class Call, class Use>
+bool recv_each(Call& c, int peer, std::size_t n, std::span<std::byte> staging, Use use) {
   if (n == 0) return true;
   if (!c.check_header()) return false;
-  auto apply = [&](const T* received, std::size_t off, std::size_t k) {
-    if (last) combine_last(received, mine + off, dst + off, k, op, c.size());
-    else combine(received, mine + off, dst + off, k, op);
-  };
   auto& t = c.transport();
   if constexpr (zero_copy_transport<std::remove_reference_t<decltype(t)>>) {
     for (std::size_t done = 0; done < n;) {
@@ -50,7 +45,7 @@ bool recv_reduce(Call& c, int peer, const T* mine, T* dst, std::size_t n, const 
       auto view = t.recv_view(peer, (n - done) * sizeof(T), sizeof(T), c.until(), ec);
       if (ec) return c.fail_transport(ec, peer);
       const std::size_t k = view.size() / sizeof(T);
-      apply(reinterpret_cast<const T*>(view.data()), done, k);
+      use(reinterpret_cast<const T*>(view.data()), done, k);
       t.recv_release(peer, view.size());
       done += k;
     }
@@ -68,11 +63,22 @@ bool recv_reduce(Call& c, int peer, const T* mine, T* dst, std::size_t n, const 
     if (chunks > 1) post(1);
     for (std::size_t k = 0; k < chunks; ++k) {
       if (!c.wait(req[k % 2], peer)) return false;
-      apply(buf[k % 2], k * chunk, len(k));
+      use(static_cast<const T*>(buf[k % 2]), k * chunk, len(k));
       if (k + 2 < chunks) post(k + 2);
     }
   }
   return true;
+}
+
+/// Receives `n` elements from `peer` and writes dst[i] = op(received[i], mine[i]), applying
+/// the op's finalize when `last`. `dst` may alias `mine`. `staging`: `staging_bytes`.
+template <class Call, element T, class Op>
+bool recv_reduce(Call& c, int peer, const T* mine, T* dst, std::size_t n, const Op& op,
+                 bool last, std::span<std::byte> staging) {
+  return recv_each<T>(c, peer, n, staging, [&](const T* received, std::size_t off, std::size_t k) {
+    if (last) combine_last(received, mine + off, dst + off, k, op, c.size());
+    else combine(received, mine + off, dst + off, k, op);
+  });
 }
 
 /// Receives `bytes` from `peer` into `dst` (after the header check), waiting for it.

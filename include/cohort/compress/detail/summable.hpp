@@ -45,38 +45,10 @@ constexpr std::size_t summable_scratch(std::size_t n) noexcept {
 template <class Call, class T>
 bool recv_accumulate(Call& c, int peer, const float* mine, T* dst, std::size_t n,
                      float divisor, std::span<std::byte> staging) {
-  if (n == 0) return true;
-  if (!c.check_header()) return false;
-  auto& t = c.transport();
-  if constexpr (zero_copy_transport<std::remove_reference_t<decltype(t)>>) {
-    for (std::size_t done = 0; done < n;) {
-      std::error_code ec;
-      auto view = t.recv_view(peer, (n - done) * sizeof(T), sizeof(T), c.until(), ec);
-      if (ec) return c.fail_transport(ec, peer);
-      const std::size_t k = view.size() / sizeof(T);
-      cast_accumulate(reinterpret_cast<const T*>(view.data()), mine + done, dst + done, k, divisor);
-      t.recv_release(peer, view.size());
-      done += k;
-    }
-  } else {
-    constexpr std::size_t chunk_bytes = cohort::detail::tuning::chunk_bytes;
-    const std::size_t chunk = chunk_bytes / sizeof(T), chunks = (n + chunk - 1) / chunk;
-    T* buf[2] = {reinterpret_cast<T*>(staging.data()),
-                 reinterpret_cast<T*>(staging.data() + chunk_bytes)};
-    typename Call::request req[2];
-    auto len = [&](std::size_t k) { return std::min(chunk, n - k * chunk); };
-    auto post = [&](std::size_t k) {
-      req[k % 2] = t.recv(peer, std::as_writable_bytes(std::span(buf[k % 2], len(k))));
-    };
-    post(0);
-    if (chunks > 1) post(1);
-    for (std::size_t k = 0; k < chunks; ++k) {
-      if (!c.wait(req[k % 2], peer)) return false;
-      cast_accumulate(buf[k % 2], mine + k * chunk, dst + k * chunk, len(k), divisor);
-      if (k + 2 < chunks) post(k + 2);
-    }
-  }
-  return true;
+  return cohort::detail::recv_each<T>(
+      c, peer, n, staging, [&](const T* received, std::size_t off, std::size_t k) {
+        cast_accumulate(received, mine + off, dst + off, k, divisor);
+      });
 }
 
 /// Sums (or averages) this rank's `contribution` with every rank's through the 16-bit wire
