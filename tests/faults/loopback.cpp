@@ -9,7 +9,9 @@ TEST_CASE("mismatch matrix: every pair of collectives and every differing argume
   const auto cases = cohort::test::mismatch_cases();
   CHECK(cases.size() == 30 + 15);
   for (int p : {2, 3}) {
-    for (const auto& [usual, odd] : cases) {
+    for (const auto& c : cases) {
+      const auto& usual = c.first;  // no structured bindings: clang 14 cannot capture them
+      const auto& odd = c.second;
       const int odd_rank = p - 1;
       std::vector<std::pair<std::error_code, std::string>> got(p);
       cohort::run_loopback(p, [&](auto& comm) {

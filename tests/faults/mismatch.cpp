@@ -59,7 +59,8 @@ void matrix(cf::kind transport, int p) {
     pids.push_back(cf::spawn(r, [&](int rank) -> int {
       cohort::tcp_store st("127.0.0.1", store_port, {.token = {}, .timeout = 20s});
       for (int i = 0; i < n; ++i) {
-        const auto& [usual, odd] = cases[i];
+        const auto& usual = cases[i].first;
+        const auto& odd = cases[i].second;
         cf::job_spec spec;
         spec.transport = transport;
         spec.job = base + "-" + std::to_string(i);
@@ -96,7 +97,8 @@ void matrix(cf::kind transport, int p) {
   for (int r = 0; r < p; ++r) CHECK(status[r] == 0);
   int checked = 0, late = 0;
   for (int i = 0; i < n; ++i) {
-    const auto& [usual, odd] = cases[i];
+    const auto& usual = cases[i].first;
+    const auto& odd = cases[i].second;
     for (int r = 0; r < p; ++r) {
       const case_result& c = board.at(r, i);
       INFO(std::string(cf::kind_name(transport)), " P=", p, " case ", i, " (", ct::expected_text(usual),

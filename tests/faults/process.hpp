@@ -44,6 +44,13 @@
 #if defined(COHORT_FAULTS_LSAN)
 #include <sanitizer/lsan_interface.h>
 #endif
+#if defined(COHORT_FAULTS_LSAN) || defined(__SANITIZE_THREAD__)
+#define COHORT_FAULTS_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define COHORT_FAULTS_SANITIZED 1
+#endif
+#endif
 
 #include <cohort/cohort.hpp>
 #include <cohort/rendezvous/file_store.hpp>
@@ -66,6 +73,14 @@ inline double test_scale() {
   const double v = std::atof(s);
   return v > 0 && v <= 1 ? v : 1.0;
 }
+/// True in an ASan or TSan build, whose allocators and shadow memory inflate resident memory
+/// several times (bounds on memory are loosened there; LeakSanitizer checks leaks instead).
+#if defined(COHORT_FAULTS_SANITIZED)
+inline constexpr bool sanitized = true;
+#else
+inline constexpr bool sanitized = false;
+#endif
+
 /// `n` scaled down (never below `floor`).
 inline long scaled(long n, long floor = 1) {
   return std::max(floor, static_cast<long>(static_cast<double>(n) * test_scale()));

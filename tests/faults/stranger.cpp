@@ -238,7 +238,6 @@ storm_job_result run_storm_job(const cf::job_spec& spec, const std::string& stor
   auto body = [&](int r) -> int {
     cf::rank_report& rep = board[r];
     rep.fds_before = cf::open_fds();
-    cf::fault_plan plan;
     try {
       auto run = [&](auto& comm) {
         comm.set_timeout(20s);
@@ -309,7 +308,9 @@ void check_storm_job(const storm_job_result& res, cf::report_board& board, const
           " KiB to ", res.rss_peak_kib, " KiB during the storm; the job was done ", res.job_ms,
           " ms after it started (the storm ended at ", res.storm_done_ms, " ms)");
   CHECK(s.connected >= min_connected);
-  CHECK(res.rss_peak_kib - res.rss_before_kib < 64 * 1024);
+  // Bounded: at most 64 MiB more (512 MiB under a sanitizer's allocator and shadow memory),
+  // where a store that kept every declared 16 MiB value would need gigabytes.
+  CHECK(res.rss_peak_kib - res.rss_before_kib < (cf::sanitized ? 512 : 64) * 1024);
 }
 
 }  // namespace
