@@ -124,19 +124,30 @@ class mlp {
       const auto x = d.row(rows[b]);
       std::copy(x.begin(), x.end(), batch_acts_[0].begin() + b * widths_[0]);
     }
+    // Each output sums over its inputs in order, as `forward` does for one example, but the
+    // batch's examples are summed side by side (inputs transposed to in x batch), which the
+    // compiler vectorizes without reordering any sum: the results are the same bits.
     for (std::size_t l = 0; l < top; ++l) {
       const std::size_t in = widths_[l], out = widths_[l + 1];
       const float* w = weights(l);
       const float* bias = w + out * in;
+      const float* a = batch_acts_[l].data();
       batch_acts_[l + 1].resize(batch * out);
-      for (std::size_t b = 0; b < batch; ++b) {
-        const float* a = batch_acts_[l].data() + b * in;
-        float* z = batch_acts_[l + 1].data() + b * out;
-        for (std::size_t o = 0; o < out; ++o) {
-          float s = bias[o];
-          for (std::size_t i = 0; i < in; ++i) s += w[o * in + i] * a[i];
-          z[o] = l + 1 < top ? std::max(s, 0.0f) : s;
+      float* z = batch_acts_[l + 1].data();
+      transposed_.resize(in * batch);
+      for (std::size_t b = 0; b < batch; ++b)
+        for (std::size_t i = 0; i < in; ++i) transposed_[i * batch + b] = a[b * in + i];
+      sums_.resize(batch);
+      for (std::size_t o = 0; o < out; ++o) {
+        float* s = sums_.data();
+        std::fill(s, s + batch, bias[o]);
+        for (std::size_t i = 0; i < in; ++i) {
+          const float wi = w[o * in + i];
+          const float* column = transposed_.data() + i * batch;
+          for (std::size_t b = 0; b < batch; ++b) s[b] += wi * column[b];
         }
+        for (std::size_t b = 0; b < batch; ++b)
+          z[b * out + o] = l + 1 < top ? std::max(s[b], 0.0f) : s[b];
       }
     }
     // Softmax cross-entropy: dL/dlogit = (softmax - onehot) / batch.
@@ -237,6 +248,8 @@ class mlp {
   std::vector<std::vector<float>> acts_;  // one example's activations (loss, accuracy)
   std::vector<std::vector<float>> batch_acts_;  // per layer, batch x width
   std::vector<float> batch_delta_, batch_delta_below_;
+  // The batched forward pass: one layer's inputs, transposed (in x batch), and their sums.
+  std::vector<float> transposed_, sums_;
 };
 
 /// Stochastic gradient descent with momentum: v = momentum * v + g; p -= scale * lr * v.

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <functional>
 #include <future>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <vector>
@@ -34,7 +35,7 @@ struct bucket_options {
 
 /// A DDP-style reducer over float gradients held by the caller.
 ///
-/// Tensors are registered in forward order and packed into buckets in reverse, the order in
+/// Tensors are registered in forward order and grouped into buckets in reverse, the order in
 /// which back-propagation produces them. Each rank must register the same tensors (same
 /// sizes, same order) and call `ready` for every tensor of a synchronizing micro-batch.
 /// Results are the mean over ranks (and over the `accumulate` micro-batches), bitwise
@@ -63,7 +64,14 @@ class gradient_buckets {
       bytes += grads_[i].size_bytes();
       bucket_of_[i] = buckets_.size() - 1;
     }
-    for (auto& b : buckets_) b.flat.resize(b.flat_size);
+    for (auto& b : buckets_) {
+      if (const auto in_place = adjacent(b)) {
+        b.view = *in_place;
+      } else {
+        b.flat.resize(b.flat_size);
+        b.view = b.flat;
+      }
+    }
   }
 
   /// Number of buckets.
@@ -73,20 +81,25 @@ class gradient_buckets {
   bool synchronizing() const { return (micro_batch_ + 1) % opts_.accumulate == 0; }
 
   /// Marks tensor `i`'s gradient final for this micro-batch. On a synchronizing micro-batch,
-  /// the last tensor of a bucket packs it and starts its reduction on the progress thread.
+  /// the last tensor of a bucket starts the bucket's reduction on the progress thread; from
+  /// then until `finish` returns, the bucket's tensors belong to it (neither read nor write
+  /// them). A bucket whose tensors lie end to end in memory (as layers of one flat gradient
+  /// buffer do) is reduced in place; any other is packed into a copy first.
   void ready(std::size_t i) {
     if (!synchronizing()) return;
     bucket& b = buckets_.at(bucket_of_.at(i));
     if (++b.ready < b.tensors.size()) return;
-    std::size_t offset = 0;
-    for (std::size_t t : b.tensors) {
-      std::copy(grads_[t].begin(), grads_[t].end(), b.flat.begin() + offset);
-      offset += grads_[t].size();
+    if (!b.flat.empty()) {
+      std::size_t offset = 0;
+      for (std::size_t t : b.tensors) {
+        std::copy(grads_[t].begin(), grads_[t].end(), b.flat.begin() + offset);
+        offset += grads_[t].size();
+      }
     }
-    b.done = progress_.start([reduce = opts_.reduce, flat = std::span(b.flat)](Comm& c) {
-      reduce(c, flat);
+    b.done = progress_.start([reduce = opts_.reduce, view = b.view](Comm& c) {
+      reduce(c, view);
     }, boost::asio::use_future);
-    bytes_started_ += b.flat.size() * sizeof(float);
+    bytes_started_ += b.view.size_bytes();
   }
 
   /// Ends the micro-batch. On a synchronizing one, waits for every bucket and writes the
@@ -108,6 +121,11 @@ class gradient_buckets {
         if (!first) first = std::current_exception();
         continue;
       }
+      if (b.flat.empty()) {
+        if (opts_.accumulate != 1)
+          for (float& g : b.view) g *= scale;
+        continue;
+      }
       std::size_t offset = 0;
       for (std::size_t t : b.tensors) {
         for (std::size_t k = 0; k < grads_[t].size(); ++k)
@@ -126,10 +144,25 @@ class gradient_buckets {
   struct bucket {
     std::vector<std::size_t> tensors;  // reverse forward order
     std::size_t flat_size = 0;
-    std::vector<float> flat;
+    std::vector<float> flat;  // the packed copy; empty when the bucket is reduced in place
+    std::span<float> view;    // what the reduction works on: the tensors themselves, or flat
     std::size_t ready = 0;
     std::future<void> done;
   };
+
+  // The memory the bucket's tensors cover when they tile it without gaps or overlaps.
+  std::optional<std::span<float>> adjacent(const bucket& b) const {
+    std::vector<std::span<float>> parts;
+    for (std::size_t t : b.tensors)
+      if (!grads_[t].empty()) parts.push_back(grads_[t]);
+    if (parts.empty()) return std::span<float>();
+    std::sort(parts.begin(), parts.end(), [](std::span<float> x, std::span<float> y) {
+      return std::less<const float*>()(x.data(), y.data());
+    });
+    for (std::size_t k = 1; k < parts.size(); ++k)
+      if (parts[k - 1].data() + parts[k - 1].size() != parts[k].data()) return std::nullopt;
+    return std::span<float>(parts.front().data(), b.flat_size);
+  }
 
   progress_thread<Comm>& progress_;
   std::vector<std::span<float>> grads_;

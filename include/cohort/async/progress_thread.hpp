@@ -5,7 +5,9 @@
 /// that nvcc compiles never sees Asio.
 #pragma once
 
+#include <chrono>
 #include <exception>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -21,6 +23,24 @@
 
 namespace cohort {
 
+namespace detail {
+/// A transport whose waits busy-poll for a settable time before they block (`tcp_transport`).
+template <class T>
+concept spin_settable = requires(T& t, std::chrono::nanoseconds d) { t.set_spin(d); };
+}  // namespace detail
+
+/// How a `progress_thread` drives its communicator.
+struct progress_options {
+  /// The time the transport's waits busy-poll before they block, set once when the thread
+  /// starts, on transports that have `set_spin(std::chrono::nanoseconds)`; others keep their
+  /// own settings (give `shm_transport` `shm_options{.spin = {}, .yield = {}}`). Default 0:
+  /// while a wait spins it holds a core that back-propagation wants, which is what overlap
+  /// is meant to give back; spinning pays only where every rank has a spare core for its
+  /// progress thread. `std::nullopt` leaves the transport as it is (e.g. COHORT_TCP_SPIN_US).
+  /// The setting stays after the thread ends.
+  std::optional<std::chrono::nanoseconds> spin = std::chrono::nanoseconds::zero();
+};
+
 /// A thread that owns the right to call collectives on `comm` and runs the operations handed
 /// to it one after the other, in the order they were started.
 ///
@@ -32,9 +52,12 @@ template <communicator Comm>
 class progress_thread {
  public:
   /// Starts the thread; `comm` must outlive this object.
-  explicit progress_thread(Comm& comm)
-      : comm_(comm), work_(boost::asio::make_work_guard(context_)),
-        thread_([this] { context_.run(); }) {}
+  explicit progress_thread(Comm& comm, const progress_options& opts = {})
+      : comm_(comm), work_(boost::asio::make_work_guard(context_)) {
+    if constexpr (detail::spin_settable<typename Comm::transport_type>)
+      if (opts.spin) comm_.transport().set_spin(*opts.spin);
+    thread_ = std::thread([this] { context_.run(); });
+  }
 
   progress_thread(const progress_thread&) = delete;
   progress_thread& operator=(const progress_thread&) = delete;
