@@ -10,6 +10,7 @@
 #include <poll.h>
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -330,12 +331,11 @@ TEST_CASE("stop: a rank SIGSTOPped in every collective is timed_out at the deadl
 }
 
 // A peer that dies in the middle of an element (here: 6 bytes of a float send) leaves a record
-// shorter than an element in the ring. The receiver must fail by its deadline; today
-// shm's engine::recv_view returns an empty view without an error (the assert that would catch
-// it is compiled out in release builds) and recv_reduce loops on it forever, ignoring the
-// deadline. Expected to fail until that is fixed (see tests/faults/README.md, bug 1).
-TEST_CASE("bug: shm receiver spins past its deadline when a peer dies mid-element" *
-          doctest::should_fail()) {
+// shorter than an element in the ring; a record never grows, so the receiver's recv_view waits
+// for what explains it (the peer's death, seen within the liveness interval) instead of lending
+// an empty view that recv_reduce would loop on past its deadline (tests/faults/README.md, bug 1).
+TEST_CASE("kill: a peer dying mid-element ends the receiver's call with peer_lost within the "
+          "deadline, over shm") {
   totals t;
   scenario s;
   s.transport = cf::kind::shm;
@@ -485,17 +485,19 @@ void run_rendezvous_jobs(std::vector<rendezvous_job>& jobs, rendezvous_totals& t
       CHECK(rep.written == 1);
       t.set_up += rep.completed;
       if (j.victim >= 0) {
-        // Set up or not, every survivor ends with a clean error naming the victim. Known: a
-        // peer that dies during the TCP handshake reads as protocol_error (bug 4, its own test).
+        // Set up or not, every survivor ends with a clean error naming the victim: a death
+        // during the TCP handshake is peer_lost too, never protocol_error.
         const std::string what = rep.what, v = std::to_string(j.victim);
         const bool handshake = rep.code == static_cast<int>(errc::protocol_error) &&
                                what.find("during the handshake") != std::string::npos;
         t.handshake_protocol_errors += handshake;
-        CHECK((rep.code == static_cast<int>(errc::timed_out) || rep.code == static_cast<int>(errc::peer_lost) || handshake));
-        // "lost rank X" where X lives: the shm join let two ranks disagree (bug 3).
+        CHECK((rep.code == static_cast<int>(errc::timed_out) || rep.code == static_cast<int>(errc::peer_lost)));
+        // "lost rank X" where X lives would mean the ranks disagreed on who joined: the shm
+        // join decides that once, for every rank.
         for (int q = 0; q < j.spec.size; ++q)
           if (q != j.victim && what.find("lost rank " + std::to_string(q) + " ") != std::string::npos)
             ++t.blamed_live;
+        CHECK(t.blamed_live == 0);
         const bool named = rep.peer == j.victim || what.find("rank " + v + " ") != std::string::npos ||
                            what.find("rank " + v + ")") != std::string::npos ||
                            what.find("ranks " + v) != std::string::npos ||
@@ -600,7 +602,7 @@ TEST_CASE("rendezvous: a rank killed while a tcp job connects") {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Known bugs found by the rendezvous faults, each shown deterministically.
+// Faults the rendezvous kills found, each made deterministic.
 
 namespace {
 
@@ -636,9 +638,23 @@ void leave_stale_segment(const std::string& job, std::size_t bytes) {
   ::close(fd);
 }
 
+// Leaves what a creator that is alive and still at work leaves: an empty object it holds the
+// lock of (shm_segment.hpp: the creator holds it until the segment is ready). Returns the
+// descriptor that holds it.
+int hold_creating_segment(const std::string& job) {
+  const std::string name = "/cohort-" + job;
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_EX | LOCK_NB) == 0);
+  return fd;
+}
+
 void check_restart_connects(const std::string& job) {
+  // The stale segment is found at once: the first job of the id connects.
   const auto first = connect_shm(job, 2, 1s);
   INFO("first attempt: ", first[0], " | ", first[1]);
+  CHECK(first[0].empty());
+  CHECK(first[1].empty());
   // A launcher that restarts the job keeps its id (torchrun keeps TORCHELASTIC_RUN_ID): the
   // restarted job must connect, and nothing may stay behind.
   const auto second = connect_shm(job, 2, 3s);
@@ -652,33 +668,69 @@ void check_restart_connects(const std::string& job) {
 
 }  // namespace
 
-// Bug 2 (shm_segment.hpp, try_join): a creator killed between shm_open(O_EXCL) and ftruncate
-// leaves an empty object that every later job of the same id waits on until its deadline
-// ("was created but never sized") and never removes.
-TEST_CASE("bug: shm segment left empty by a creator killed before sizing it blocks the job id forever" *
-          doctest::should_fail()) {
+// A creator killed between shm_open(O_EXCL) and ftruncate leaves an empty object. Nobody holds
+// its lock, so the joiners know its creator is gone: they remove it and connect. Were they to
+// wait for the size instead, every later job of the id would wait until its deadline and
+// leave it there (tests/faults/README.md, bug 2). A creator that is alive and at work holds the
+// lock: its object is waited for, not taken.
+TEST_CASE("rendezvous: an shm segment left empty by a killed creator is replaced at once; a live "
+          "creator's is waited for") {
   const std::string job = cf::unique_job("stale0");
   leave_stale_segment(job, 0);
   check_restart_connects(job);
+
+  const std::string busy = cf::unique_job("busy0");
+  const int fd = hold_creating_segment(busy);
+  const auto waited = connect_shm(busy, 2, 300ms);
+  INFO("joiners of a segment a live creator holds: ", waited[0], " | ", waited[1]);
+  for (const auto& what : waited) CHECK(what.find("at the deadline") != std::string::npos);
+  CHECK_FALSE(cf::shm_names(busy).empty());  // the creator's object is left alone
+  ::close(fd);
+  ::shm_unlink(("/cohort-" + busy).c_str());
 }
 
-// Bug 2, second window: killed after ftruncate, before initialize() wrote creator_pid: joiners
-// wait for the ready word ("the creator never finished") and never unlink.
-TEST_CASE("bug: shm segment sized but never initialized by a killed creator blocks the job id forever" *
-          doctest::should_fail()) {
+// Bug 2, second window: a creator killed after ftruncate, before it initialized the segment.
+TEST_CASE("rendezvous: an shm segment sized but never initialized by a killed creator is "
+          "replaced at once") {
   const std::string job = cf::unique_job("stale1");
   leave_stale_segment(job, cohort::detail::shm::layout(2, std::size_t{4} << 20).total);
   check_restart_connects(job);
 }
 
-// Bug 4 (tcp_connect.hpp, mesh_builder::handshake_out): a peer that dies during the handshake
-// (its process killed after reading our hello) reads as protocol_error, "does it have the same
-// COHORT_TOKEN and job id?", instead of peer_lost or timed_out naming it.
-TEST_CASE("bug: a tcp peer killed during the handshake is reported as protocol_error" *
-          doctest::should_fail()) {
+namespace {
+
+// Sets up rank `rank` of 2 of tcp job `job` with token `token`, meeting at the file store in
+// `dir`; records how the setup ended in `rep` (completed, or the error).
+void tcp_setup_rank(const std::string& dir, const std::string& job, int rank,
+                    const std::string& token, cf::rank_report& rep) {
+  cohort::file_store st(dir);
+  cf::job_spec spec;
+  spec.transport = cf::kind::tcp;
+  spec.job = job;
+  spec.size = 2;
+  auto o = cf::tcp_test_options(2s);
+  o.token = token;
+  try {
+    cohort::tcp_transport t(cf::info_for(spec, rank), st, o);
+    rep.completed = 1;
+  } catch (const cohort::error& e) {
+    cf::record(rep, e.code(), e.peer(), e.what());
+  }
+  rep.written = 1;
+}
+
+}  // namespace
+
+// A peer that dies during the handshake (its process killed after reading our hello) closes the
+// connection: that reads as peer_lost naming it. A refusal (a wrong token) is answered as such
+// before the close, and stays protocol_error pointing at COHORT_TOKEN (tests/faults/README.md,
+// bug 4: both used to read alike, as protocol_error).
+TEST_CASE("rendezvous: a tcp peer killed during the handshake is peer_lost naming it; a refusal "
+          "stays protocol_error") {
   char dir_template[] = "/tmp/cohort-faults-XXXXXX";
   REQUIRE(::mkdtemp(dir_template) != nullptr);
   const std::string dir = dir_template, job = cf::unique_job("hs");
+  cf::report_board board(2);
   // Rank 0 of 2: listens, publishes its address, reads the hello of rank 1, dies.
   const pid_t fake = cf::spawn(0, [&](int) -> int {
     const int ls = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -701,38 +753,57 @@ TEST_CASE("bug: a tcp peer killed during the handshake is reported as protocol_e
     ::raise(SIGKILL);
     return 3;
   });
-  cohort::error err(cohort::make_error_code(errc::ok), "", -2, "");
   const pid_t rank1 = cf::spawn(1, [&](int) -> int {
-    cohort::file_store st(dir);
-    cf::job_spec spec;
-    spec.transport = cf::kind::tcp;
-    spec.job = job;
-    spec.size = 2;
-    auto o = cf::tcp_test_options(2s);
-    o.token = "t";
-    try {
-      cohort::tcp_transport t(cf::info_for(spec, 1), st, o);
-      return 10;
-    } catch (const cohort::error& e) {
-      std::fprintf(stderr, "rank 1: %s\n", e.what());
-      if (e.code() == errc::protocol_error) return 11;
-      return (e.code() == errc::peer_lost || e.code() == errc::timed_out) && e.peer() == 0 ? 0 : 12;
-    }
+    tcp_setup_rank(dir, job, 1, "t", board[1]);
+    return 0;
   });
   const auto status = cf::reap({fake, rank1}, 20s);
   std::filesystem::remove_all(dir);
   CHECK(status[0] == -SIGKILL);
-  INFO("rank 1: 0 = peer_lost/timed_out naming rank 0, 11 = protocol_error, 12 = other");
   CHECK(status[1] == 0);
+  {
+    const cf::rank_report& rep = board[1];
+    INFO("rank 1 (its peer killed): ", cf::code_name(rep.code), ", peer ", rep.peer, ": ",
+         rep.what);
+    REQUIRE(rep.written == 1);
+    CHECK(rep.completed == 0);
+    CHECK(rep.code == static_cast<int>(errc::peer_lost));
+    CHECK(rep.peer == 0);
+    CHECK(std::string(rep.what).find("rank 0 ") != std::string::npos);
+  }
+
+  // Two real ranks with different tokens: rank 0 refuses rank 1's hello, and says so.
+  char dir_template2[] = "/tmp/cohort-faults-XXXXXX";
+  REQUIRE(::mkdtemp(dir_template2) != nullptr);
+  const std::string dir2 = dir_template2, job2 = cf::unique_job("hsr");
+  cf::report_board refused(2);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r)
+    pids.push_back(cf::spawn(r, [&](int rank) -> int {
+      tcp_setup_rank(dir2, job2, rank, rank == 0 ? "alpha" : "beta", refused[rank]);
+      return 0;
+    }));
+  const auto status2 = cf::reap(pids, 20s);
+  std::filesystem::remove_all(dir2);
+  CHECK(status2[0] == 0);
+  CHECK(status2[1] == 0);
+  const cf::rank_report& rep = refused[1];
+  INFO("rank 1 (refused): ", cf::code_name(rep.code), ", peer ", rep.peer, ": ", rep.what);
+  REQUIRE(rep.written == 1);
+  CHECK(rep.completed == 0);
+  CHECK(rep.code == static_cast<int>(errc::protocol_error));
+  CHECK(rep.peer == 0);
+  CHECK(std::string(rep.what).find("refused") != std::string::npos);
+  CHECK(std::string(rep.what).find("COHORT_TOKEN") != std::string::npos);
 }
 
-// Bug 9 (tcp_engine.hpp, engine::abort): a rank that times out on a peer that stopped reading
-// (a straggler, its socket buffers full) aborts, and abort() waits up to abort_linger (1 s) for
-// the kernel to take the abort frame, which it cannot: the call returns a second past its
-// deadline. The deadline is the caller's contract; the linger should fit inside it (or the
-// frame to a peer that is not reading be given up at once).
-TEST_CASE("bug: a tcp call that times out on a stopped peer returns up to abort_linger after its deadline" *
-          doctest::should_fail()) {
+// A rank that times out on a peer that stopped reading (a straggler, its socket buffers full)
+// aborts, and the abort frame cannot be written to that peer. The abort lingers for it only up
+// to the call's deadline, or abort_grace (10 ms) past it where the call timed out: the call
+// returns at its deadline, not abort_linger (1 s) after it (tests/faults/README.md, bug 9).
+// The bound below leaves room for scheduling on a loaded machine.
+TEST_CASE("stop: a call that times out on a stopped peer returns at its deadline, not "
+          "abort_linger after it, over tcp") {
   const cf::job_spec spec = cf::make_spec(cf::kind::tcp, "linger", 2);
   cf::report_board board(2);
   std::vector<pid_t> pids;
@@ -757,6 +828,9 @@ TEST_CASE("bug: a tcp call that times out on a stopped peer returns up to abort_
     }));
   const auto status = cf::reap(pids, 30s, {false, true});
   INFO("rank 0: ", cf::code_name(board[0].code), " after ", board[0].elapsed_ms, " ms for a 500 ms deadline");
+  CHECK(status[0] == 0);
+  CHECK(status[1] == cf::still_stopped);
   CHECK(board[0].code == static_cast<int>(errc::timed_out));
+  CHECK(board[0].elapsed_ms >= 500);
   CHECK(board[0].elapsed_ms < 800);
 }

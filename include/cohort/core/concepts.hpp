@@ -54,7 +54,7 @@ concept transport =
 ///
 /// | expression                                  | semantics |
 /// |---------------------------------------------|-----------|
-/// | `t.recv_view(peer, max, align, d, ec)`      | waits until bytes from `peer` are ready; returns a view of the next 1..`max` of them, a multiple of `align` long; no receive from `peer` may be pending |
+/// | `t.recv_view(peer, max, align, d, ec)`      | waits until bytes from `peer` are ready; returns a view of the next 1..`max` of them, a multiple of `align` long (never shorter than `align`: fewer bytes than that from a peer that died, closed or sent more after them end in `ec`); no receive from `peer` may be pending |
 /// | `t.recv_release(peer, n)`                   | consumes the first `n` bytes of the last view |
 ///
 /// The view holds as long as every send on that stream had a length that is a multiple of

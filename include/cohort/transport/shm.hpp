@@ -33,10 +33,12 @@
 /// **The segment.** One per job, named "/cohort-<job_id>"; the first rank creates it
 /// (`O_EXCL`), the others open it and wait for its ready word; the last rank to map it unlinks
 /// the name, so once the constructor returns nothing of the job is left in /dev/shm, whatever
-/// happens next. A segment left by a job that died while connecting is recognised (a claimed
-/// rank whose process is gone) and replaced. Memory: `ring_bytes` per ordered pair of ranks
-/// in address space, but only the rings actually written take memory (ring schedules write
-/// P of the P(P-1)).
+/// happens next. A segment left by a job that died while connecting is recognised and
+/// replaced: one whose creator died before it was ready (the creator holds a lock on it until
+/// then, which the kernel drops with the process), or one with a claimed rank whose process is
+/// gone. Whether the job connected is decided once for all its ranks. Memory: `ring_bytes`
+/// per ordered pair of ranks in address space, but only the rings actually written take
+/// memory (ring schedules write P of the P(P-1)).
 ///
 /// Linux: futexes, pidfds and /proc are used; other POSIX systems poll instead of sleeping.
 /// The ranks must share /dev/shm and a PID namespace (else peers' deaths show only as
@@ -153,7 +155,9 @@ class shm_transport {
   void wait(request& req, deadline until, std::error_code& ec) { engine_->wait(req, until, ec); }
 
   /// Waits for bytes from `peer` and lends the next 1..`max` of them (a multiple of `align`)
-  /// in place in the ring; valid until released. No receive from `peer` may be pending.
+  /// in place in the ring; valid until released. No receive from `peer` may be pending. Fails
+  /// as `wait` does; a stream that breaks off within an element fails with `errc::peer_lost`
+  /// once the peer is seen gone, or `errc::protocol_error` if the peer sends on after it.
   std::span<const std::byte> recv_view(int peer, std::size_t max, std::size_t align,
                                        deadline until, std::error_code& ec) {
     return engine_->recv_view(peer, max, align, until, ec);

@@ -43,6 +43,9 @@ bool recv_each(Call& c, int peer, std::size_t n, std::span<std::byte> staging, U
     for (std::size_t done = 0; done < n;) {
       std::error_code ec;
       auto view = t.recv_view(peer, (n - done) * sizeof(T), sizeof(T), c.until(), ec);
+      // A view shorter than an element would never advance: a transport that lends one has
+      // broken its contract, and looping on it would spin past the deadline.
+      if (!ec && view.size() < sizeof(T)) ec = make_error_code(errc::protocol_error);
       if (ec) return c.fail_transport(ec, peer);
       const std::size_t k = view.size() / sizeof(T);
       use(reinterpret_cast<const T*>(view.data()), done, k);

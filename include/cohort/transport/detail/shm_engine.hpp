@@ -152,11 +152,14 @@ class engine {
   engine& operator=(const engine&) = delete;
 
   /// Leaves: what was written is published, then peers waiting on this rank see it closed.
+  /// The name is taken off again in case the rank that took it off died doing so (a no-op
+  /// otherwise).
   ~engine() {
     if (!seg_.mapped()) return;
     flush(true);
     me_->state.store(slot_closed, std::memory_order_release);
     wake_all();
+    seg_.unlink();
   }
 
   int rank() const noexcept { return rank_; }
@@ -205,9 +208,16 @@ class engine {
     std::span<const std::byte> view;
     block_until([&] { return !(view = l.rx.peek()).empty(); }, peer, until, ec);
     if (ec) return {};
-    const std::size_t n = std::min(view.size(), max) / align * align;
-    assert(n > 0 && "sends on this stream were not multiples of align");
-    return view.first(n);
+    if (view.size() < align) {
+      // Less than an element is left in the record, and a record never grows: the peer stopped
+      // in the middle of an element (it died while its send was being copied in), or sent a
+      // length that is not a multiple of `align`. Wait for what tells which: its end
+      // (peer_lost), an abort, the deadline, or a record after this one (protocol_error).
+      block_until([&] { return l.rx.followed(); }, peer, until, ec);
+      if (!ec) ec = make_error_code(errc::protocol_error);
+      return {};
+    }
+    return view.first(std::min(view.size(), max) / align * align);
   }
 
   void recv_release(int peer, std::size_t n) {

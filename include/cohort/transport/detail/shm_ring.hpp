@@ -219,6 +219,15 @@ class rx_ring {
     }
   }
 
+  /// True when the producer has published bytes past the record `peek()` returned last (a
+  /// record never grows once published: what follows it comes in later records).
+  bool followed() const noexcept {
+    if (current_ == nullptr) return false;
+    const std::uint64_t end =
+        tail_ + current_->payload_offset + round_up(current_->bytes, record_align);
+    return (ctl_->head.load(std::memory_order_acquire) & ~ring_control::busy) > end;
+  }
+
   /// Bytes freed since the last `publish()`.
   std::uint64_t unpublished() const noexcept { return tail_ - published_; }
 

@@ -5,18 +5,26 @@
 /// One POSIX shared-memory object per job, named "/cohort-<job id>" (/dev/shm/cohort-<job id>
 /// on Linux):
 ///
-///     control block    ready word, shape, join counters, the abort word and message
+///     control block    ready word, shape, join counters, the join's outcome, the abort word
 ///     rank slots       per rank: pid, state, futex word, sleeping flag
 ///     ring controls    per ordered pair (from, to): head and tail
 ///     ring data        per ordered pair: `ring_bytes` bytes of records
 ///
-/// Joining: every rank tries `shm_open(O_CREAT | O_EXCL)`; the one that wins sizes the object
-/// and initializes it, then stores the ready word; the others open it, wait for the size and
-/// the ready word. Each rank claims its slot (compare-and-swap of its pid) and counts itself
-/// in; the last one unlinks the name and wakes the others. So the name exists only while a job
-/// is connecting: after that, a crash leaves nothing in /dev/shm. A segment left by a job that
-/// died while connecting (a claimed slot whose process is gone) is unlinked and the join starts
-/// over. Memory of rings no one writes is never touched, so never allocated.
+/// Joining: every rank tries `shm_open(O_CREAT | O_EXCL)`; the one that wins locks the object
+/// (`flock`), sizes and initializes it, stores the ready word and lets the lock go; the others
+/// open it and wait for the ready word. Each rank claims its slot (compare-and-swap of its pid)
+/// and counts itself in; the last one decides that the job connected, unlinks the name and
+/// wakes the others. So the name exists only while a job is connecting: after that, a crash
+/// leaves nothing in /dev/shm.
+///
+/// Stale segments. A segment that is not ready while nobody holds its lock was left by a
+/// creator that died before it finished (the kernel drops the lock of a dead process): the
+/// rank that takes the lock unlinks it and the join starts over. A segment with a claimed slot
+/// whose process is gone (or that left) was left by a job that died while connecting: it is
+/// abandoned, unlinked, and the join starts over. Connected or abandoned is decided once, by a
+/// compare-and-swap on one word (`outcome`), so that every rank of a segment agrees on it: a
+/// rank that sees a peer gone after the job connected stays, and meets the loss at its first
+/// call. Memory of rings no one writes is never touched, so never allocated.
 #pragma once
 
 #include <algorithm>
@@ -35,6 +43,7 @@
 #include <utility>
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -47,10 +56,16 @@
 namespace cohort::detail::shm {
 
 inline constexpr std::uint32_t segment_magic = 0x314d5343;  // "CSM1"
-inline constexpr std::uint32_t layout_version = 1;
+inline constexpr std::uint32_t layout_version = 2;
 inline constexpr std::size_t page = 4096;
 /// The longest abort message kept; longer ones are cut.
 inline constexpr std::size_t failure_text_bytes = 1024;
+
+/// Values of `control_block::outcome`: still connecting, every rank joined, or given up
+/// (`join_abandoned` + the rank found gone; + size where none was, at a deadline).
+inline constexpr std::uint32_t join_open = 0, join_connected = 1, join_abandoned = 2;
+/// `control_block::unlinked` once the name is off the file system.
+inline constexpr std::uint32_t unlink_done = ~std::uint32_t{0};
 
 /// What a rank slot says about its rank.
 enum slot_state : std::uint32_t { slot_free = 0, slot_joined = 1, slot_closed = 2 };
@@ -64,8 +79,9 @@ struct control_block {
   std::uint64_t ring_bytes;
   std::uint64_t total_bytes;
   alignas(128) word joined;  ///< Ranks that claimed their slot.
-  word unlinked;             ///< 1 once someone took the name off (exactly one does).
-  word connected;            ///< 1 once every rank joined; futex word for the join wait.
+  word unlinked;             ///< The pid of the rank taking the name off, `unlink_done` after.
+  word outcome;              ///< `join_open`, `join_connected` or `join_abandoned` + rank;
+                             ///< set once (compare-and-swap); futex word for the join wait.
   alignas(128) word abort_state;  ///< 0: none; 1: being written; 2: written.
   std::int32_t abort_rank;        ///< The rank that aborted.
   std::int32_t abort_value;       ///< The error code's value ...
@@ -130,11 +146,14 @@ class segment {
   segment(std::string name, int size, std::size_t ring_bytes) : name_(std::move(name)),
       layout_(size, ring_bytes) {}
   segment(segment&& o) noexcept
-      : name_(std::move(o.name_)), layout_(o.layout_), base_(std::exchange(o.base_, nullptr)) {}
+      : name_(std::move(o.name_)), layout_(o.layout_), base_(std::exchange(o.base_, nullptr)),
+        dev_(o.dev_), ino_(o.ino_) {}
   segment& operator=(segment&& o) noexcept {
     std::swap(name_, o.name_);
     std::swap(layout_, o.layout_);
     std::swap(base_, o.base_);
+    std::swap(dev_, o.dev_);
+    std::swap(ino_, o.ino_);
     return *this;
   }
   ~segment() {
@@ -160,11 +179,41 @@ class segment {
   }
 
   /// Takes the name off the file system, once per segment whoever asks (the first caller
-  /// does it); later callers, and names that are already gone, are fine.
+  /// does it); later callers, and names that are already gone, are fine. A caller that died
+  /// between claiming the task and doing it is taken over from by the next caller: until the
+  /// task is done, the name is this segment's (nobody else takes off the name of a ready one).
   void unlink() const noexcept {
-    std::uint32_t expected = 0;
-    if (control().unlinked.compare_exchange_strong(expected, 1, std::memory_order_acq_rel))
-      ::shm_unlink(name_.c_str());
+    word& u = control().unlinked;
+    const auto self = static_cast<std::uint32_t>(::getpid());
+    std::uint32_t seen = u.load(std::memory_order_acquire);
+    for (;;) {
+      if (seen == unlink_done || seen == self) return;
+      if (seen != 0 && process_alive(static_cast<pid_t>(seen))) return;  // at it now
+      if (u.compare_exchange_weak(seen, self, std::memory_order_acq_rel)) break;
+    }
+    // Taking over: the one that died may have got as far as the unlink, and the name may
+    // belong to a new job's object by now.
+    if (seen == 0 || names_this()) ::shm_unlink(name_.c_str());
+    u.store(unlink_done, std::memory_order_release);
+  }
+
+  /// Remembers which object `fd` is, for `unlink`.
+  void identify(int fd) noexcept {
+    struct stat st {};
+    if (::fstat(fd, &st) == 0) {
+      dev_ = st.st_dev;
+      ino_ = st.st_ino;
+    }
+  }
+
+  /// True when the name still refers to this segment's object.
+  bool names_this() const noexcept {
+    const int fd = ::shm_open(name_.c_str(), O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0) return false;
+    struct stat st {};
+    const bool same = ::fstat(fd, &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_;
+    ::close(fd);
+    return same;
   }
 
   /// Maps `fd` (the object, already sized); false with errno set on failure.
@@ -196,6 +245,8 @@ class segment {
   std::string name_;
   struct layout layout_ {1, 0};
   std::byte* base_ = nullptr;
+  dev_t dev_ = 0;  // the object (`identify`)
+  ino_t ino_ = 0;
 };
 
 /// Builds the exception the constructor of `shm_transport` throws.
@@ -215,37 +266,69 @@ inline error system_connect_error(const char* call, const std::string& name, con
 /// What happened to one attempt at joining.
 enum class join_result { joined, retry };
 
+/// Why the last attempt started over, for the error at the deadline.
+struct stale_note {
+  int rank = -1;     ///< The rank found gone, -1 where none is known.
+  std::string what;  ///< What was found: "rank 2 (process 4711) died while the job connected".
+};
+
+/// Takes the creator's lock (`flock`, exclusive) on the object open as `fd` unless another open
+/// of it holds it. Returns 1 when taken, 0 when held elsewhere, -1 where the file system has
+/// no such locks. A lock belongs to the open file description, and the kernel drops it when
+/// the process holding it dies.
+inline int try_lock(int fd) noexcept {
+  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EINTR) continue;
+    return errno == EWOULDBLOCK ? 0 : -1;
+  }
+  return 1;
+}
+
 /// One attempt: opens or creates the object, maps it, claims the slot of `rank` and waits for
-/// every rank. Returns `retry` when a stale segment was found (and unlinked) or the name
-/// vanished; throws `cohort::error` otherwise.
+/// every rank. Returns `retry` when a stale segment was found (and unlinked), the job was given
+/// up (`note` says why) or the name vanished; throws `cohort::error` otherwise.
 inline join_result try_join(segment& seg, const std::string& job, int rank, int size,
-                            deadline until) {
+                            deadline until, stale_note& note) {
   using namespace std::chrono_literals;
   const std::string& name = seg.name();
   const auto& shape = seg.shape();
-  bool created = false;
   int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd >= 0) {
-    created = true;
-    if (::ftruncate(fd, static_cast<off_t>(shape.total)) != 0) {
-      auto e = system_connect_error("ftruncate", name, job);
+    // The lock is held until the ready word is stored. A joiner that opened the object before
+    // it was taken may have found it unlocked and unfinished, and taken it for stale (it holds
+    // the lock, or it has unlinked the name already): start over then, leaving the name to it.
+    const int lock = try_lock(fd);
+    struct stat st {};
+    if (lock == 0 || (lock == 1 && ::fstat(fd, &st) == 0 && st.st_nlink == 0)) {
       ::close(fd);
+      return join_result::retry;
+    }
+    const bool sized = ::ftruncate(fd, static_cast<off_t>(shape.total)) == 0;
+    if (!sized || !seg.map(fd)) {
+      auto e = system_connect_error(sized ? "mmap" : "ftruncate", name, job);
       ::shm_unlink(name.c_str());
+      ::close(fd);
       throw e;
     }
+    seg.initialize();
+    seg.identify(fd);
+    ::close(fd);  // lets the lock go
   } else if (errno == EEXIST) {
     fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
     if (fd < 0 && errno == ENOENT) return join_result::retry;  // unlinked meanwhile
     if (fd < 0) throw system_connect_error("shm_open", name, job);
-    for (;;) {  // the creator sizes the object right after creating it
+    // Wait for the creator to size and initialize it. The lock is tried first, so that what is
+    // seen while holding it cannot change any more: not ready then means the creator died.
+    for (;;) {
+      const int lock = try_lock(fd);
       struct stat st {};
       if (::fstat(fd, &st) != 0) {
         auto e = system_connect_error("fstat", name, job);
         ::close(fd);
         throw e;
       }
-      if (static_cast<std::size_t>(st.st_size) == shape.total) break;
-      if (st.st_size != 0) {
+      const auto bytes = static_cast<std::size_t>(st.st_size);
+      if (bytes != 0 && bytes != shape.total) {
         ::close(fd);
         throw connect_error(errc::invalid_argument, -1, job,
                             name + " has " + std::to_string(st.st_size) + " bytes where " +
@@ -254,44 +337,67 @@ inline join_result try_join(segment& seg, const std::string& job, int rank, int 
                                 ": do all ranks pass the same size and ring_bytes? (if no job "
                                 "of this id runs, remove /dev/shm" + name + ")");
       }
+      if (bytes == shape.total && !seg.mapped() && !seg.map(fd)) {
+        auto e = system_connect_error("mmap", name, job);
+        ::close(fd);
+        throw e;
+      }
+      if (seg.mapped() && seg.control().ready.load(std::memory_order_acquire) == segment_magic)
+        break;
+      if (lock == 1) {  // unfinished, and nobody at work on it
+        if (st.st_nlink > 0) ::shm_unlink(name.c_str());  // only lock holders unlink it now
+        ::close(fd);
+        note = {-1, name + " was left " + (bytes == 0 ? "unsized" : "uninitialized") +
+                        " by a creator that died"};
+        return join_result::retry;
+      }
+      if (lock < 0 && seg.mapped()) {  // no locks here: a dead creator shows by its pid
+        const std::int32_t creator = seg.control().creator_pid.load(std::memory_order_relaxed);
+        if (creator != 0 && !process_alive(creator)) {
+          ::close(fd);
+          seg.unlink();
+          note = {-1, name + " was left uninitialized by a creator (process " +
+                          std::to_string(creator) + ") that died"};
+          return join_result::retry;
+        }
+      }
       if (clock::now() >= until) {
         ::close(fd);
-        throw connect_error(errc::timed_out, -1, job, name + " was created but never sized");
+        throw connect_error(errc::timed_out, -1, job,
+                            name + " is still being " + (bytes == 0 ? "sized" : "initialized") +
+                                " by its creator at the deadline");
       }
       std::this_thread::sleep_for(100us);
     }
+    seg.identify(fd);
+    ::close(fd);  // and the lock with it, if taken
   } else {
     throw system_connect_error("shm_open", name, job);
   }
-  if (!seg.map(fd)) {
-    auto e = system_connect_error("mmap", name, job);
-    ::close(fd);
-    if (created) ::shm_unlink(name.c_str());
-    throw e;
-  }
-  ::close(fd);
 
   control_block& c = seg.control();
-  if (created) {
-    seg.initialize();
-  } else {
-    while (c.ready.load(std::memory_order_acquire) != segment_magic) {
-      const std::int32_t creator = c.creator_pid.load(std::memory_order_relaxed);
-      if (creator != 0 && !process_alive(creator)) {  // left by a job that died connecting
-        seg.unlink();
-        return join_result::retry;
-      }
-      if (clock::now() >= until)
-        throw connect_error(errc::timed_out, -1, job, "the creator of " + name + " never finished");
-      std::this_thread::sleep_for(100us);
-    }
-    if (c.version != layout_version || c.size != size || c.ring_bytes != shape.ring_bytes)
-      throw connect_error(errc::invalid_argument, -1, job,
-                          name + " was made for " + std::to_string(c.size) + " ranks with " +
-                              std::to_string(c.ring_bytes) + "-byte rings (layout " +
-                              std::to_string(c.version) + "), this rank asks for " +
-                              std::to_string(size) + " with " + std::to_string(shape.ring_bytes));
-  }
+  if (c.version != layout_version || c.size != size || c.ring_bytes != shape.ring_bytes)
+    throw connect_error(errc::invalid_argument, -1, job,
+                        name + " was made for " + std::to_string(c.size) + " ranks with " +
+                            std::to_string(c.ring_bytes) + "-byte rings (layout " +
+                            std::to_string(c.version) + "), this rank asks for " +
+                            std::to_string(size) + " with " + std::to_string(shape.ring_bytes));
+
+  // Decides the outcome of the join, unless another rank did first; true if this call did.
+  const auto decide = [&](std::uint32_t outcome) {
+    std::uint32_t open = join_open;
+    if (!c.outcome.compare_exchange_strong(open, outcome, std::memory_order_acq_rel)) return false;
+    futex_wake(c.outcome);
+    return true;
+  };
+  const auto describe_gone = [&](int r) {
+    const rank_slot& s = seg.slot(r);
+    const std::int32_t pid = s.pid.load(std::memory_order_acquire);
+    if (pid == 0) return "rank " + std::to_string(r) + " never joined";
+    return "rank " + std::to_string(r) + " (process " + std::to_string(pid) + ") " +
+           (s.state.load(std::memory_order_acquire) == slot_closed ? "left" : "died") +
+           " while the job connected";
+  };
 
   rank_slot& mine = seg.slot(rank);
   std::int32_t owner = 0;
@@ -301,71 +407,96 @@ inline join_result try_join(segment& seg, const std::string& job, int rank, int 
       throw connect_error(errc::invalid_argument, rank, job,
                           "rank " + std::to_string(rank) + " is already taken by process " +
                               std::to_string(owner));
-    seg.unlink();  // a stale segment: its rank died before the job connected
+    // A stale segment: its rank died before the job connected.
+    decide(join_abandoned + static_cast<std::uint32_t>(rank));
+    seg.unlink();
+    note = {rank, describe_gone(rank)};
     return join_result::retry;
   }
   mine.pid_ns.store(pid_namespace_id(), std::memory_order_relaxed);
   mine.state.store(slot_joined, std::memory_order_release);
 
-  // A joined rank that died means a stale segment or a crash, and one that left means it found
-  // so: start over (a crashed rank then shows as missing at the deadline).
-  const auto someone_gone = [&] {
+  // The first other rank whose process died or that left, or -1.
+  const auto gone = [&] {
     for (int r = 0; r < size; ++r) {
       const rank_slot& s = seg.slot(r);
       const std::int32_t pid = s.pid.load(std::memory_order_acquire);
       if (r != rank && pid != 0 &&
           (s.state.load(std::memory_order_acquire) == slot_closed || !process_alive(pid)))
-        return true;
+        return r;
     }
-    return false;
+    return -1;
   };
-  const auto leave = [&] {
-    mine.state.store(slot_closed, std::memory_order_release);
-    seg.unlink();
-    futex_wake(c.connected);  // waiters look at the slots again
-    return join_result::retry;
-  };
+  // The last rank to count itself in decides, unless a rank found gone decided first: a rank
+  // that dies after this is met by the others at their first call, as any later death is.
   if (c.joined.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<std::uint32_t>(size)) {
-    if (someone_gone()) return leave();
-    seg.unlink();  // every rank has it mapped: the name is no longer needed
-    c.connected.store(1, std::memory_order_release);
-    futex_wake(c.connected);
-    return join_result::joined;
+    const int r = gone();
+    decide(r >= 0 ? join_abandoned + static_cast<std::uint32_t>(r) : join_connected);
   }
 
   for (;;) {
-    if (c.connected.load(std::memory_order_acquire) != 0) return join_result::joined;
-    const auto now = clock::now();
-    if (someone_gone()) return leave();
-    if (now >= until) {
+    const std::uint32_t outcome = c.outcome.load(std::memory_order_acquire);
+    if (outcome == join_connected) {
+      seg.unlink();  // every rank has it mapped: the name is no longer needed
+      return join_result::joined;
+    }
+    if (outcome != join_open) {  // given up: start over in a fresh segment
       mine.state.store(slot_closed, std::memory_order_release);
-      seg.unlink();  // nothing stays behind in /dev/shm
+      seg.unlink();
+      const auto r = static_cast<int>(outcome - join_abandoned);
+      note = r < size ? stale_note{r, describe_gone(r)}
+                      : stale_note{-1, "a rank reached its deadline"};
+      return join_result::retry;
+    }
+    if (const int r = gone(); r >= 0) {
+      decide(join_abandoned + static_cast<std::uint32_t>(r));
+      continue;  // whatever was decided
+    }
+    const auto now = clock::now();
+    if (now >= until) {
       std::string missing;
-      int count = 0;
+      int count = 0, first = -1;
       for (int r = 0; r < size; ++r) {
         if (seg.slot(r).pid.load(std::memory_order_acquire) != 0) continue;
         missing += (count++ ? ", " : "") + std::to_string(r);
+        if (first < 0) first = r;
       }
-      throw connect_error(errc::timed_out, -1, job,
-                          "timed out waiting for rank" + std::string(count == 1 ? " " : "s ") +
-                              missing + " of " + std::to_string(size) + " to join");
+      // Given up on account of the first missing rank, which the others then name too.
+      if (!decide(join_abandoned + static_cast<std::uint32_t>(first >= 0 ? first : size))) continue;
+      mine.state.store(slot_closed, std::memory_order_release);
+      seg.unlink();  // nothing stays behind in /dev/shm
+      // An earlier segment given up says which rank was missing first, or died.
+      const std::string before = note.what.empty()
+                                     ? std::string()
+                                     : " (an earlier segment was given up: " + note.what + ")";
+      throw connect_error(
+          errc::timed_out, count == 1 ? first : note.rank, job,
+          (count == 0 ? std::string("timed out waiting for the last rank to count itself in")
+                      : "timed out waiting for rank" + std::string(count == 1 ? " " : "s ") +
+                            missing + " of " + std::to_string(size) + " to join") +
+              before);
     }
-    futex_wait(c.connected, 0, std::min<std::chrono::nanoseconds>(until - now, 50ms));
+    futex_wait(c.outcome, join_open, std::min<std::chrono::nanoseconds>(until - now, 50ms));
   }
 }
 
 /// Joins the job `job` as `rank` of `size`: returns the mapped segment once every rank has
 /// mapped it (and its name is gone). Throws `cohort::error`: `errc::timed_out` naming the
-/// ranks that never came, `errc::invalid_argument` for a taken rank or a segment of another
-/// shape, a system error code when the system refuses.
+/// ranks that never came (or the rank whose death made the last segment stale),
+/// `errc::invalid_argument` for a taken rank or a segment of another shape, a system error code
+/// when the system refuses.
 inline segment join(const std::string& job, int rank, int size, std::size_t ring_bytes,
                     std::chrono::milliseconds timeout) {
   const deadline until = clock::now() + timeout;
+  stale_note note;
   for (;;) {
     segment seg("/cohort-" + job, size, ring_bytes);
-    if (try_join(seg, job, rank, size, until) == join_result::joined) return seg;
+    if (try_join(seg, job, rank, size, until, note) == join_result::joined) return seg;
     if (clock::now() >= until)
-      throw connect_error(errc::timed_out, -1, job, "found only stale segments until the deadline");
+      throw connect_error(
+          errc::timed_out, note.rank, job,
+          "found only stale segments until the deadline" +
+              (note.what.empty() ? std::string() : "; the last was given up: " + note.what));
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }

@@ -245,6 +245,9 @@ class mesh_builder {
       why = "rank " + std::to_string(peer.rank) + " is connected already";
     if (!why.empty()) {
       reject(from, why);
+      // Say so before closing: the connector then tells a refusal from a crash.
+      const auto no = encode_refusal();
+      co_await asio::async_write(s, asio::buffer(no), asio::as_tuple(asio::use_awaitable));
       co_return;
     }
     const auto out = encode_hello({cfg_.rank, cfg_.size, cfg_.job_id, cfg_.token});
@@ -308,10 +311,24 @@ class mesh_builder {
           co_await asio::async_read(s, asio::buffer(in), asio::as_tuple(asio::use_awaitable));
     w.cancel();
     const std::string who = "rank " + std::to_string(q) + " at " + text_of(at);
-    if (re) {
+    if (re && !s.is_open()) {  // the watchdog closed it
+      note(make_error_code(errc::timed_out), q,
+           "rendezvous: " + who +
+               " accepted the connection but did not answer the handshake in time (is it "
+               "stuck?)");
+      co_return;
+    }
+    if (re) {  // a refusal is answered, so this is a crash, an exit or a reset
+      note(make_error_code(errc::peer_lost), q,
+           "rendezvous: lost " + who + " during the handshake (" + re.message() +
+               "): it exited, crashed or closed the connection");
+      co_return;
+    }
+    if (is_refusal(in)) {
       note(make_error_code(errc::protocol_error), q,
-           "rendezvous: " + who + " closed the connection during the handshake (" + re.message() +
-               "); does it have the same COHORT_TOKEN and job id?");
+           "rendezvous: " + who +
+               " refused the handshake; does it have the same COHORT_TOKEN, job id and world "
+               "size? (its log says why)");
       co_return;
     }
     hello peer;

@@ -16,8 +16,10 @@
 ///   operation with that peer fails with `errc::peer_lost` once the staged bytes are used up.
 /// - `abort` drops every pending operation (the engine never touches their buffers again),
 ///   finishes a half-written frame with zeros, and sends an abort frame to every peer, waiting
-///   at most `abort_linger` for the kernel to take it. A received abort frame (found even behind
-///   staged data nobody asked for yet) fails every wait here with the sender's code.
+///   at most `abort_linger` for the kernel to take it, and never past the deadline of the last
+///   wait, or `abort_grace` from now where that has passed (a call that timed out returns at
+///   most `abort_grace` after its deadline). A received abort frame (found even behind staged
+///   data nobody asked for yet) fails every wait here with the sender's code.
 #pragma once
 
 #include <fcntl.h>
@@ -86,6 +88,9 @@ class fifo {
 struct engine_options {
   std::chrono::nanoseconds spin{std::chrono::microseconds(50)};  ///< busy-poll before blocking
   std::chrono::milliseconds abort_linger{1000};  ///< how long `abort` tries to deliver its frames
+  /// How long `abort` may try past the deadline of the last wait (after a timeout): a peer that
+  /// reads takes the frame at once, one that stopped reading would not take it in any time.
+  std::chrono::milliseconds abort_grace{10};
   std::size_t staging_bytes = 64 * 1024;         ///< per connection
   std::function<void(std::string_view)> log;     ///< where problems are told; may be empty
 };
@@ -213,6 +218,7 @@ class engine {
 
   void wait(request& req, deadline until, std::error_code& ec) {
     ec.clear();
+    last_until_ = until;
     if (req.peer < 0) return;
     auto& c = conns_[req.peer];
     const auto spin_end = clock::now() + spin_;
@@ -266,7 +272,11 @@ class engine {
       c.ctrl.resize(encode_abort(c.ctrl.data(), c.ctrl.size(), origin, *cause));
       c.ctrl_off = 0;
     }
-    const auto until = clock::now() + opts_.abort_linger;
+    // The caller's deadline holds: a call that failed before it lingers until then at most,
+    // one that timed out only for the grace.
+    const auto now = clock::now();
+    const auto until =
+        std::min(now + opts_.abort_linger, std::max(last_until_, now + opts_.abort_grace));
     for (;;) {
       flush_all();
       bool pending = false;
@@ -574,6 +584,7 @@ class engine {
   engine_options opts_;
   std::vector<connection> conns_;
   bool aborted_ = false;
+  deadline last_until_ = deadline::max();  // of the last wait: the call's, while one runs
   std::optional<failure> remote_;
   clock::duration spin_;  // the current spin, at most opts_.spin
   unsigned probe_ = 0;

@@ -4,7 +4,9 @@
 /// be tested (and fuzzed) alone.
 ///
 /// Connection: the connecting rank sends a `hello`; the accepting rank checks it and answers
-/// with its own; the connector checks that. Either side closes on any disagreement. Then each
+/// with its own, or with a refusal (`encode_refusal`) before it closes; the connector checks
+/// the answer and closes on any disagreement. So a connector tells a refusal (a wrong token,
+/// job id or world size) from a peer that died or closed during the handshake. Then each
 /// direction is a sequence of frames, each an 8-byte header and a payload:
 ///
 /// | field    | bytes | meaning |
@@ -106,8 +108,25 @@ inline bool equal_secret(std::string_view a, std::string_view b) noexcept {
   return diff == 0;
 }
 
+/// The answer to a hello that is refused: a hello with the magic, the version and rank -1,
+/// nothing else (no reason, no job id, no token), so that it tells a stranger nothing the
+/// source code does not. `check_hello` never accepts it.
+inline std::array<std::byte, hello_size> encode_refusal() noexcept {
+  std::array<std::byte, hello_size> b{};
+  store_le<std::uint64_t>(b.data(), hello_magic);
+  store_le<std::uint32_t>(b.data() + 8, protocol_version);
+  store_le<std::uint32_t>(b.data() + 12, 0xffffffffu);
+  return b;
+}
+
+/// True when `b` is a refusal (see `encode_refusal`).
+inline bool is_refusal(std::span<const std::byte, hello_size> b) noexcept {
+  const auto r = encode_refusal();
+  return std::memcmp(b.data(), r.data(), hello_size) == 0;
+}
+
 /// Checks a received hello against this job; on success fills `peer` and returns "".
-/// Otherwise returns why it was refused (for the log; the peer is never told).
+/// Otherwise returns why it was refused (for the log; the peer is told only that it was).
 inline std::string check_hello(std::span<const std::byte, hello_size> b, std::string_view job_id,
                                int size, std::string_view token, hello& peer) {
   const std::byte* p = b.data();
