@@ -213,12 +213,13 @@ def forward(fds, ctl, delay, loss, reorder, extra, seed):
 class Job:
     def __init__(self, net, fault_rank, timeout_ms, job_id):
         self.procs, self.outs = [], []
+        token = os.urandom(16).hex()  # ranks in namespaces of their own: a job across hosts
         for r in range(RANKS):
             env = {k: v for k, v in os.environ.items()
                    if not re.match(r"^(COHORT_|RANK$|WORLD_SIZE$|LOCAL_|MASTER_|TORCHELASTIC_|OMPI_|PMI_|SLURM_)", k)}
             env.update({"RANK": str(r), "WORLD_SIZE": str(RANKS), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                         "MASTER_ADDR": net.addresses[0], "MASTER_PORT": "29400", "TORCHELASTIC_RUN_ID": job_id,
-                        "COHORT_SOCKET_IFNAME": "eth0", "COHORT_TCP_SPIN_US": "0"})
+                        "COHORT_SOCKET_IFNAME": "eth0", "COHORT_TCP_SPIN_US": "0", "COHORT_TOKEN": token})
             out = tempfile.TemporaryFile(mode="w+")
             p = subprocess.Popen(net.command(r, [fault_rank, str(CALLS), str(MAX_ELEMS), str(timeout_ms)]),
                                  env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

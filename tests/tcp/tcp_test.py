@@ -286,12 +286,14 @@ def netns_job(tcp_rank, size, ipv6=False, lossy=False, mode=("suite", "quick"), 
     try:
         applied = nets.impair() if lossy else "none"
         master = nets.v6[0] if ipv6 else nets.v4[0]
+        # Each namespace is a host of its own: a job across hosts needs its token.
+        token = os.urandom(16).hex()
         j = Job()
         start = time.monotonic()
         for r in range(size):
             # Without COHORT_SOCKET_IFNAME the transport must find eth0 by itself: the
             # namespaces have no default route.
-            env = torchrun_env(r, size, master, 29500, f"netns{os.getpid()}", **extra)
+            env = torchrun_env(r, size, master, 29500, f"netns{os.getpid()}", COHORT_TOKEN=token, **extra)
             j.start(nets.command(r, [tcp_rank, *mode]), env)
         codes = j.wait_all()
         text = j.show()

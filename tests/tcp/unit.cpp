@@ -511,18 +511,23 @@ TEST_CASE("tcp store: strangers and wrong tokens are turned away, the store goes
   CHECK(right.try_get("k") == std::optional<std::string>("v"));
   // A declared value over the limit is refused from its header alone.
   auto big = net::connect_to(e, cohort::clock::now() + 5s, ec);
-  std::string hello(16, '\0');
   namespace w = cohort::detail::store_wire;
-  w::store_le<std::uint64_t>(reinterpret_cast<std::byte*>(hello.data()), w::magic);
-  w::store_le<std::uint32_t>(reinterpret_cast<std::byte*>(hello.data()) + 8, w::version);
-  w::store_le<std::uint16_t>(reinterpret_cast<std::byte*>(hello.data()) + 12, 3);
-  hello += "t0k";
+  const w::nonce mine{};
+  std::byte hello[w::hello_size], challenge[w::hello_size], verdict[w::verdict_size];
+  w::encode_hello(hello, 0, mine);
+  net::send_all(big.get(), hello, sizeof hello, cohort::clock::now() + 5s, ec);
+  net::recv_all(big.get(), challenge, sizeof challenge, cohort::clock::now() + 5s, ec);
+  REQUIRE_FALSE(ec);
+  const auto proof = w::client_proof("t0k", mine, w::nonce_of(challenge));
+  net::send_all(big.get(), proof.data(), proof.size(), cohort::clock::now() + 5s, ec);
+  net::recv_all(big.get(), verdict, sizeof verdict, cohort::clock::now() + 5s, ec);
+  REQUIRE_FALSE(ec);
+  CHECK(verdict[8] == std::byte{0});
   std::byte req[w::request_size];
   w::encode_request(req, w::op::set, 1, 0, 0);
   w::store_le<std::uint32_t>(req + 8, 0x7fffffff);
-  hello.append(reinterpret_cast<const char*>(req), sizeof req);
-  net::send_all(big.get(), hello.data(), hello.size(), cohort::clock::now() + 5s, ec);
-  char answer[32];  // more than the hello's answer: the server closes before that much comes
+  net::send_all(big.get(), req, sizeof req, cohort::clock::now() + 5s, ec);
+  char answer[16];  // a reply's size: the server closes before any reply comes
   net::recv_all(big.get(), answer, sizeof answer, cohort::clock::now() + 5s, ec);
   CHECK(ec == cohort::errc::peer_lost);
   CHECK(right.add("n", 1) == 1);

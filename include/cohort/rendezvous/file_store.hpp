@@ -50,6 +50,8 @@ class file_store final : public store {
   /// The directory.
   const std::string& directory() const noexcept { return dir_; }
 
+  std::string describe() const override { return "the file store in " + dir_; }
+
  protected:
   void do_set(std::string_view key, std::string_view value, std::error_code& ec) override {
     std::string path;
@@ -85,8 +87,13 @@ class file_store final : public store {
         fail(ec, errc::invalid_argument,
              "add: the value at \"" + std::string(key) + "\" is not an integer");
     }
+    std::int64_t sum = 0;
+    if (!ec && __builtin_add_overflow(value, n, &sum))
+      fail(ec, errc::invalid_argument,
+           "add: " + std::to_string(value) + " + " + std::to_string(n) + " at \"" +
+               std::string(key) + "\" overflows a 64-bit integer; the value is unchanged");
     if (!ec) {
-      value += n;
+      value = sum;
       write_atomically(path, std::to_string(value), ec);
     }
     ::flock(lock, LOCK_UN);

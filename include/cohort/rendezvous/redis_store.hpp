@@ -53,6 +53,8 @@ class redis_store final : public store {
     if (!connect(ec)) throw error(ec, "redis_store", -1, "redis_store: " + last_error());
   }
 
+  std::string describe() const override { return "the Redis store at " + where(); }
+
  protected:
   void do_set(std::string_view key, std::string_view value, std::error_code& ec) override {
     const std::string k = opts_.prefix + std::string(key);

@@ -9,7 +9,8 @@
 /// | `s.add(key, n)`       | adds `n` to the integer at `key` (absent: 0), returns the sum |
 /// | `s.wait(keys, until)` | waits for every key; at `until`: `timed_out` and the ones missing |
 ///
-/// `add` is atomic; values are bytes, integers in decimal.
+/// `add` is atomic; values are bytes, integers in decimal. An `add` whose sum would leave the
+/// range of `std::int64_t` fails with `invalid_argument` and leaves the value as it was.
 ///
 /// Every operation has a throwing overload (`cohort::error`, operation "store.<name>") and an
 /// `std::error_code&` one; `last_error()` holds the sentence that goes with the last code.
@@ -18,6 +19,7 @@
 #pragma once
 
 #include <algorithm>
+#include <charconv>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -30,6 +32,10 @@
 #include <cohort/core/options.hpp>
 
 namespace cohort {
+
+class store;
+inline std::vector<int> wait_for_ranks(store& s, std::string_view prefix, int size, deadline until,
+                                       std::error_code& ec);
 
 /// A key-value store with deadlines, shared by the ranks of a job (see the table above).
 class store {
@@ -73,7 +79,8 @@ class store {
     return v;
   }
 
-  /// Adds `n` to the integer at `key` (0 when absent) and returns the new value.
+  /// Adds `n` to the integer at `key` (0 when absent) and returns the new value;
+  /// `errc::invalid_argument` when the value is not an integer or the sum would overflow.
   std::int64_t add(std::string_view key, std::int64_t n, std::error_code& ec) {
     ec.clear();
     return do_add(key, n, ec);
@@ -102,6 +109,9 @@ class store {
   /// A sentence about the last failure ("timed out waiting for 2 keys", "no server at ...").
   const std::string& last_error() const noexcept { return last_error_; }
 
+  /// The store for messages: "the store at 10.0.0.1:29500", "the file store in /shared/job".
+  virtual std::string describe() const { return "the store"; }
+
  protected:
   virtual void do_set(std::string_view key, std::string_view value, std::error_code& ec) = 0;
   virtual std::optional<std::string> do_try_get(std::string_view key, std::error_code& ec) = 0;
@@ -122,19 +132,39 @@ class store {
                   std::string("store.") + name + ": " + last_error_);
   }
 
+  friend std::vector<int> wait_for_ranks(store& s, std::string_view prefix, int size,
+                                         deadline until, std::error_code& ec);
+
   std::string last_error_;
 };
 
 /// Waits until every rank in [0, size) has set `prefix + std::to_string(rank)`; returns the
-/// ranks still missing at `until` (with `errc::timed_out`), or an empty list.
+/// ranks still missing at `until` (with `errc::timed_out`), or an empty list. A store that
+/// names a key it was not asked about fails it with `errc::protocol_error`.
 inline std::vector<int> wait_for_ranks(store& s, std::string_view prefix, int size, deadline until,
                                        std::error_code& ec) {
   std::vector<std::string> keys;
   keys.reserve(static_cast<std::size_t>(size));
   for (int q = 0; q < size; ++q) keys.push_back(std::string(prefix) + std::to_string(q));
   std::vector<int> missing;
-  for (const auto& k : s.wait(keys, until, ec))
-    missing.push_back(std::stoi(k.substr(prefix.size())));
+  for (const auto& k : s.wait(keys, until, ec)) {
+    // The keys come back from the store: parse them as strangers' bytes.
+    int q = -1;
+    const std::string_view rest = std::string_view(k).substr(std::min(prefix.size(), k.size()));
+    const auto [end, e] = std::from_chars(rest.data(), rest.data() + rest.size(), q);
+    if (!k.starts_with(prefix) || e != std::errc{} || end != rest.data() + rest.size() || q < 0 ||
+        q >= size || k != keys[static_cast<std::size_t>(q)]) {
+      std::string shown = k.substr(0, 200);
+      for (char& c : shown)
+        if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '?';
+      s.fail(ec, make_error_code(errc::protocol_error),
+             s.describe() + " answered a wait with the key \"" + shown +
+                 "\", which is not one of the " + std::to_string(size) + " keys \"" +
+                 std::string(prefix) + "0\" to \"" + keys.back() + "\" it was asked about");
+      return {};
+    }
+    missing.push_back(q);
+  }
   return missing;
 }
 

@@ -5,6 +5,11 @@
 /// The client connects on first use and again after any failure, retrying with backoff until
 /// the operation's deadline, so ranks may start before the server does. Waits are held on the
 /// server, which answers with the keys still missing when the time is up.
+///
+/// Each connection opens with a challenge and response (detail/tcp_store_protocol.hpp). With a
+/// token, the client proves that it knows it and checks that the server does too, so it never
+/// talks to a store that does not know the job's secret; the token itself is never sent.
+/// Without one, it uses only a server that wants none.
 #pragma once
 
 #include <algorithm>
@@ -23,6 +28,7 @@
 #include <cohort/core/error.hpp>
 #include <cohort/core/options.hpp>
 #include <cohort/rendezvous/detail/socket.hpp>
+#include <cohort/rendezvous/detail/tcp_store_handshake.hpp>
 #include <cohort/rendezvous/detail/tcp_store_protocol.hpp>
 #include <cohort/rendezvous/store.hpp>
 #include <cohort/rendezvous/tcp_store_server.hpp>
@@ -31,7 +37,7 @@ namespace cohort {
 
 /// How a `tcp_store` client behaves.
 struct tcp_store_options {
-  std::string token;  ///< The secret the server wants; empty when it wants none.
+  std::string token;  ///< The secret the server wants (COHORT_TOKEN); empty when it wants none.
   std::chrono::milliseconds timeout{
       30'000};  ///< Deadline of set, try_get and add (connecting included).
 };
@@ -48,6 +54,8 @@ class tcp_store final : public store {
 
   /// "host:port" of the server.
   std::string server() const { return host_ + ":" + std::to_string(port_); }
+
+  std::string describe() const override { return "the store at " + server(); }
 
  protected:
   void do_set(std::string_view key, std::string_view value, std::error_code& ec) override {
@@ -136,7 +144,11 @@ class tcp_store final : public store {
         const auto attempt = std::min(until, clock::now() + std::chrono::seconds(5));
         detail::net::unique_fd fd = detail::net::connect_to(e, attempt, last);
         if (last) continue;
-        if (!hello(fd.get(), until, ec)) return false;  // a server that refuses us will again
+        if (!hello(fd.get(), until, ec)) {
+          if (ec != errc::peer_lost) return false;  // refused: it would refuse again
+          ec.clear();  // closed during the hello (a full server, one restarting): try again
+          continue;
+        }
         fd_ = std::move(fd);
         return true;
       }
@@ -152,24 +164,10 @@ class tcp_store final : public store {
   }
 
   bool hello(int fd, deadline until, std::error_code& ec) {
-    namespace w = detail::store_wire;
-    std::string h(w::hello_size, '\0');
-    auto* p = reinterpret_cast<std::byte*>(h.data());
-    w::store_le<std::uint64_t>(p, w::magic);
-    w::store_le<std::uint32_t>(p + 8, w::version);
-    w::store_le<std::uint16_t>(
-        p + 12, static_cast<std::uint16_t>(std::min(opts_.token.size(), w::max_token)));
-    h.append(opts_.token, 0, w::max_token);
-    detail::net::send_all(fd, h.data(), h.size(), until, ec);
-    std::byte answer[w::hello_size];
-    if (!ec) detail::net::recv_all(fd, answer, sizeof answer, until, ec);
-    if (!ec && w::load_le<std::uint64_t>(answer) == w::magic) return true;
-    if (ec == errc::timed_out)
-      fail(ec, ec, "the store at " + server() + " did not answer the hello in time");
-    else
-      fail(ec, errc::peer_lost,
-           "the store at " + server() +
-               " closed the connection after the hello (wrong COHORT_TOKEN?)");
+    std::string why;
+    if (detail::store_wire::client_handshake(fd, opts_.token, server(), until, ec, why))
+      return true;
+    fail(ec, ec, std::move(why));
     return false;
   }
 

@@ -1,10 +1,19 @@
 /// @file
 /// The server of the TCP store: one thread, one `poll` loop, every client non-blocking.
 ///
-/// It survives what strangers do: a connection that does not open with the store's hello and
-/// token, or sends a request over the limits, is closed and logged; a slow client holds only
-/// its own buffers. Waits are held on the server and answered when their keys arrive or their
-/// time is up, so that a waiting client costs nothing.
+/// Who gets in: with a token, only clients that prove they know it (a challenge and response
+/// with HMAC-SHA256, see detail/tcp_store_protocol.hpp; the token never crosses the wire, and
+/// the server proves it knows the token too). Without one, only processes of this host run by
+/// the server's own user (`store_access::local_user`, checked in the kernel's socket tables),
+/// unless told to admit anyone (`store_access::anyone`, for trusted networks only).
+///
+/// It survives what strangers do: a connection that does not complete the hello within
+/// `hello_timeout`, sends something malformed or a request over the limits, is closed and
+/// logged; when every slot is taken, the oldest connection still in its hello makes room for a
+/// new one. Buffers are bounded per client and for the whole server (`max_buffered`): over the
+/// budget, reading pauses, and the largest holder that has stopped moving bytes is closed.
+/// Waits are held on the server and answered when their keys arrive or their time is up, so
+/// that a waiting client costs nothing.
 #pragma once
 
 #include <fcntl.h>
@@ -35,17 +44,31 @@
 #include <cohort/core/error.hpp>
 #include <cohort/core/options.hpp>
 #include <cohort/rendezvous/detail/socket.hpp>
+#include <cohort/rendezvous/detail/tcp_store_handshake.hpp>
 #include <cohort/rendezvous/detail/tcp_store_protocol.hpp>
 
 namespace cohort {
 
+/// Whom a `tcp_store_server` without a token admits.
+enum class store_access {
+  local_user,  ///< Processes of this host whose user is the server's (its effective uid).
+  anyone,      ///< Any client that speaks the protocol: for a network where everyone is trusted.
+};
+
 /// How a `tcp_store_server` runs.
 struct tcp_store_server_options {
-  std::string token;  ///< Clients must present this secret; empty: any client may use the store.
+  std::string token;  ///< Clients must prove they know this secret; empty: see `tokenless`.
   std::function<void(std::string_view)>
       log;  ///< Where refused connections are told (stderr if empty).
   std::chrono::milliseconds linger{2000};  ///< On destruction, how long connected clients may stay.
-  std::size_t max_clients = 4096;          ///< Connections beyond this are closed at once.
+  std::size_t max_clients = 4096;  ///< Connections at once; see the file comment for the overflow.
+  store_access tokenless = store_access::local_user;  ///< Whom it admits when `token` is empty.
+  std::chrono::milliseconds hello_timeout{
+      5000};  ///< A connection not admitted by then is closed; also how long a client over the
+              ///< buffer budget may sit without moving a byte before it is closed.
+  std::size_t max_buffered = std::size_t(256) << 20;  ///< Bytes all connections' buffers may
+                                                      ///< hold together (a request needs up to
+                                                      ///< 16 MiB).
 };
 
 /// Hosts a TCP store on a thread of its own until destroyed.
@@ -54,7 +77,7 @@ class tcp_store_server {
   /// Listens on `host` (a numeric address or a name; "" is every address) at `port` (0: any).
   /// Throws `cohort::error` when it cannot.
   tcp_store_server(const std::string& host, int port, tcp_store_server_options opts = {})
-      : opts_(std::move(opts)) {
+      : opts_(std::move(opts)), rule_{opts_.token, opts_.tokenless == store_access::local_user} {
     if (!opts_.log)
       opts_.log = [](std::string_view s) {
         std::fprintf(stderr, "cohort: %.*s\n", int(s.size()), s.data());
@@ -123,32 +146,65 @@ class tcp_store_server {
   struct client {
     detail::net::unique_fd fd;
     std::string peer, in, out;
-    bool authed = false, waiting = false, closing = false;
+    detail::store_wire::server_handshake hello;
+    bool waiting = false, closing = false;
     std::vector<std::string> keys;
-    deadline until{};
+    deadline until{};     // of its wait
+    deadline admit_by{};  // the end of its hello
+    deadline moved{};     // when it last sent or took a byte
   };
+
+  // The most one client may hold unread: one whole request.
+  static constexpr std::size_t max_request = detail::store_wire::request_size +
+                                             detail::store_wire::max_key +
+                                             detail::store_wire::max_value;
+  // A client with this much of its replies unread gets no more until it reads.
+  static constexpr std::size_t out_pause = std::size_t(1) << 20;
+
+  static std::size_t held(const client& c) { return c.in.size() + c.out.size(); }
 
   void run() {
     std::vector<pollfd> pfds;
     bool stopping = false;
     deadline stop_at{};
     for (;;) {
-      const auto now = clock::now();
+      auto now = clock::now();
       deadline next = now + std::chrono::hours(1);
-      std::size_t authed = 0;
+      std::size_t authed = 0, buffered = 0;
       for (auto& c : clients_) {
+        if (!c->hello.admitted() && now >= c->admit_by) {
+          if (!c->closing)
+            opts_.log("store: closed the connection from " + c->peer + ": no hello within " +
+                      std::to_string(opts_.hello_timeout.count()) + " ms");
+          c->closing = true;  // dropped with what it had left to send
+          c->out.clear();
+          continue;
+        }
         if (c->waiting) next = std::min(next, c->until);
-        authed += c->authed;
+        if (!c->hello.admitted()) next = std::min(next, c->admit_by);
+        authed += c->hello.admitted() && !c->closing;
+        buffered += held(*c);
       }
+      std::erase_if(clients_, [](const auto& c) { return c->closing && c->out.empty(); });
       if (stopping && (authed == 0 || now >= stop_at)) return;
       if (stopping) next = std::min(next, stop_at);
+      if (buffered >= opts_.max_buffered) {
+        if (client* c = stalled_holder(now, next)) {
+          buffered -= held(*c);
+          refuse(*c, "the store's buffers are full (" + std::to_string(buffered + held(*c)) +
+                         " bytes of " + std::to_string(opts_.max_buffered) +
+                         "); it held the most and moved nothing for " +
+                         std::to_string(opts_.hello_timeout.count()) + " ms");
+        }
+      }
       pfds.clear();
       pfds.push_back({wake_rd_.get(), POLLIN, 0});
       pfds.push_back({stopping ? -1 : listener_.get(), POLLIN, 0});
       for (auto& c : clients_) {
         short ev = 0;
         if (!c->closing &&
-            c->in.size() < detail::store_wire::max_value + 2 * detail::store_wire::max_key)
+            (c->hello.admitted() ? c->in.size() < max_request && buffered < opts_.max_buffered
+                                 : c->hello.wanted(c->in.size()) > 0))
           ev |= POLLIN;
         if (!c->out.empty()) ev |= POLLOUT;
         pfds.push_back({c->fd.get(), ev, 0});
@@ -164,14 +220,24 @@ class tcp_store_server {
           stop_at = clock::now() + opts_.linger;
         }
       }
-      if (pfds[1].revents) accept_all();
-      for (std::size_t i = 0; i < clients_.size() && i + 2 < pfds.size(); ++i) {
+      const std::size_t polled = pfds.size() - 2;
+      for (std::size_t i = 0; i < polled && i < clients_.size(); ++i) {
         auto& c = *clients_[i];
         const short re = pfds[i + 2].revents;
-        if (re & (POLLIN | POLLHUP | POLLERR)) read_from(c);
+        const std::size_t before = held(c);
+        if (re & (POLLIN | POLLHUP | POLLERR)) {
+          const std::size_t room =
+              opts_.max_buffered > buffered ? opts_.max_buffered - buffered : 0;
+          read_from(c,
+                    c.hello.admitted() ? std::min(room, max_request - c.in.size())
+                                       : c.hello.wanted(c.in.size()),
+                    re);
+        }
         if (!c.closing) process(c);
         if (!c.out.empty() && (re & POLLOUT || !c.closing)) write_to(c);
+        buffered = buffered - std::min(buffered, before) + held(c);
       }
+      if (pfds[1].revents) accept_all();
       expire_waits();
       for (auto& c : clients_) {  // requests that arrived behind a wait answered just now
         if (!c->closing && !c->waiting && !c->in.empty()) process(*c);
@@ -179,6 +245,21 @@ class tcp_store_server {
       }
       std::erase_if(clients_, [](const auto& c) { return c->closing && c->out.empty(); });
     }
+  }
+
+  // Over the buffer budget: the admitted client holding the most that has moved nothing for
+  // `hello_timeout`, or null (then `next` is when one may qualify).
+  client* stalled_holder(deadline now, deadline& next) {
+    client* worst = nullptr;
+    for (auto& c : clients_) {
+      if (c->closing || !c->hello.admitted() || held(*c) == 0) continue;
+      if (now < c->moved + opts_.hello_timeout) {
+        next = std::min(next, c->moved + opts_.hello_timeout);
+        continue;
+      }
+      if (!worst || held(*c) > held(*worst)) worst = c.get();
+    }
+    return worst;
   }
 
   void accept_all() {
@@ -191,7 +272,7 @@ class tcp_store_server {
       detail::net::endpoint e;
       std::memcpy(&e.addr, &sa, len);
       e.len = len;
-      if (clients_.size() >= opts_.max_clients) {
+      if (clients_.size() >= opts_.max_clients && !make_room()) {
         ::close(fd);
         opts_.log("store: refused a connection from " + e.text() + ": too many clients");
         continue;
@@ -199,26 +280,54 @@ class tcp_store_server {
       auto c = std::make_unique<client>();
       c->fd.reset(fd);
       c->peer = e.text();
+      c->admit_by = clock::now() + opts_.hello_timeout;
+      c->moved = clock::now();
       clients_.push_back(std::move(c));
     }
   }
 
-  void read_from(client& c) {
+  // Every slot is taken: drops the oldest connection still in its hello (a legitimate client
+  // finishes its hello in a few round trips), so that silent strangers cannot keep ranks out.
+  bool make_room() {
+    auto oldest = clients_.end();
+    for (auto it = clients_.begin(); it != clients_.end(); ++it)
+      if (!(*it)->hello.admitted() &&
+          (oldest == clients_.end() || (*it)->admit_by < (*oldest)->admit_by))
+        oldest = it;
+    if (oldest == clients_.end()) return false;
+    opts_.log("store: closed the connection from " + (*oldest)->peer +
+              ": every slot is taken and it had not finished its hello");
+    clients_.erase(oldest);
+    return true;
+  }
+
+  // Reads at most `limit` bytes (at most 1 MiB at a time, so that one client does not hold
+  // the loop); a closed or failed connection is dropped. `events`: what poll said.
+  void read_from(client& c, std::size_t limit, short events) {
     char buf[65536];
-    for (int i = 0; i < 16; ++i) {
-      const ssize_t n = ::recv(c.fd.get(), buf, sizeof buf, MSG_DONTWAIT);
+    bool closed = false;
+    for (int i = 0; i < 16 && !closed; ++i) {
+      const std::size_t want = std::min(limit, sizeof buf);
+      if (want == 0) {  // nothing may be read now; a hang-up or an error still ends it
+        closed = events & (POLLHUP | POLLERR);
+        break;
+      }
+      const ssize_t n = ::recv(c.fd.get(), buf, want, MSG_DONTWAIT);
       if (n > 0) {
         c.in.append(buf, static_cast<std::size_t>(n));
-        if (static_cast<std::size_t>(n) < sizeof buf) return;
-        continue;
+        c.moved = clock::now();
+        limit -= static_cast<std::size_t>(n);
+        if (static_cast<std::size_t>(n) < want) break;
+      } else if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (errno != EINTR) break;
+      } else {
+        closed = true;
       }
-      if (n < 0 && (errno == EINTR)) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-      c.closing = true;  // closed or failed: drop it, and any wait it held
-      c.out.clear();
-      c.waiting = false;
-      return;
     }
+    if (!closed) return;
+    c.closing = true;  // closed or failed: drop it, and any wait it held
+    c.out.clear();
+    c.waiting = false;
   }
 
   void write_to(client& c) {
@@ -226,6 +335,8 @@ class tcp_store_server {
       const ssize_t n = ::send(c.fd.get(), c.out.data(), c.out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n > 0) {
         c.out.erase(0, static_cast<std::size_t>(n));
+        c.moved = clock::now();
+        if (c.out.empty() && c.out.capacity() > out_pause) std::string().swap(c.out);
       } else if (n < 0 && errno == EINTR) {
       } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
         return;
@@ -253,29 +364,22 @@ class tcp_store_server {
     c.out += payload;
   }
 
-  // Handles every complete request in `c.in`; one wait at a time holds the rest.
+  // Handles every complete request in `c.in`; one wait at a time holds the rest, and a client
+  // that does not read its replies gets no more.
   void process(client& c) {
     namespace w = detail::store_wire;
     auto bytes = [&] { return reinterpret_cast<const std::byte*>(c.in.data()); };
-    while (!c.closing && !c.waiting) {
-      if (!c.authed) {
-        if (c.in.size() < w::hello_size) return;
-        if (w::load_le<std::uint64_t>(bytes()) != w::magic)
-          return refuse(c, "not a cohort store client (bad magic)");
-        if (w::load_le<std::uint32_t>(bytes() + 8) != w::version)
-          return refuse(c, "store protocol version mismatch");
-        const auto tl = w::load_le<std::uint16_t>(bytes() + 12);
-        if (tl > w::max_token) return refuse(c, "malformed hello");
-        if (c.in.size() < w::hello_size + tl) return;
-        if (!opts_.token.empty() &&
-            !detail::tcp::equal_secret(std::string_view(c.in).substr(w::hello_size, tl),
-                                       opts_.token))
-          return refuse(c, "wrong token");
-        c.in.erase(0, w::hello_size + tl);
-        c.authed = true;
-        std::byte h[w::hello_size]{};
-        w::store_le<std::uint64_t>(h, w::magic);
-        c.out.append(reinterpret_cast<const char*>(h), sizeof h);
+    while (!c.closing && !c.waiting && c.out.size() < out_pause) {
+      if (!c.hello.admitted()) {
+        std::string why;
+        using state = detail::store_wire::server_handshake::state;
+        const state s = c.hello.step(c.in, c.out, rule_, nonces_, c.fd.get(), why);
+        if (s == state::refused) {
+          std::string told = std::move(c.out);  // the verdict, when the client may hear why
+          refuse(c, why);
+          c.out = std::move(told);
+        }
+        if (s != state::admitted) return;
         continue;
       }
       if (c.in.size() < w::request_size) return;
@@ -301,18 +405,25 @@ class tcp_store_server {
           break;
         }
         case w::op::add: {
-          auto& v = data_[key];
-          long long now = 0;
-          if (!v.empty()) {
+          auto it = data_.find(key);
+          std::int64_t now = 0, sum = 0;
+          if (it != data_.end() && !it->second.empty()) {
+            const std::string& v = it->second;
             auto [end, e] = std::from_chars(v.data(), v.data() + v.size(), now);
             if (e != std::errc{} || end != v.data() + v.size()) {
               reply(c, w::status::bad_request, "the value is not an integer", 0);
               break;
             }
           }
-          now += req->arg;
-          v = std::to_string(now);
-          reply(c, w::status::ok, {}, now);
+          if (__builtin_add_overflow(now, req->arg, &sum)) {
+            reply(c, w::status::bad_request,
+                  std::to_string(now) + " + " + std::to_string(req->arg) +
+                      " overflows a 64-bit integer; the value is unchanged",
+                  0);
+            break;
+          }
+          data_[key] = std::to_string(sum);
+          reply(c, w::status::ok, {}, sum);
           woke_ = true;
           break;
         }
@@ -327,6 +438,7 @@ class tcp_store_server {
         }
       }
       c.in.erase(0, total);
+      if (c.in.empty() && c.in.capacity() > out_pause) std::string().swap(c.in);
       if (c.waiting) answer_if_ready(c, false);
       if (woke_) {
         woke_ = false;
@@ -368,6 +480,8 @@ class tcp_store_server {
   detail::net::endpoint local_;
   std::vector<std::unique_ptr<client>> clients_;
   std::unordered_map<std::string, std::string> data_;
+  detail::store_wire::admission_rule rule_;
+  detail::store_wire::nonce_source nonces_;
   bool woke_ = false;
   std::atomic<bool> stop_{false};
   std::thread thread_;

@@ -27,17 +27,31 @@
 /// | COHORT_SOCKET_IFNAME   | interface       | NCCL_SOCKET_IFNAME syntax: "eth0", "^lo,docker" |
 /// | COHORT_SOCKET_FAMILY   | family          | AF_INET or AF_INET6 (also 4, 6) |
 /// | COHORT_STORE           | store           | "host:port", "file:DIR", "redis://host:port" (1) |
-/// | COHORT_TOKEN           | token           | the secret; unset: rank 0 makes one (2) |
+/// | COHORT_TOKEN           | token           | the job's secret; unset: rank 0 makes one (2) |
+/// | COHORT_INSECURE_STORE  |                 | 1: without a token, let anyone use the store (2) |
 /// | COHORT_TCP_SPIN_US     | spin            | microseconds `wait` busy-polls before blocking |
 /// | COHORT_SOCKET_SNDBUF   | send_buffer     | SO_SNDBUF bytes |
 /// | COHORT_SOCKET_RCVBUF   | recv_buffer     | SO_RCVBUF bytes |
 /// | COHORT_CONNECT_TIMEOUT | connect_timeout | seconds for the setup, if the option is at 60 s |
 ///
 /// (1) "host:port" is a TCP store that rank 0 hosts; "redis://" needs COHORT_WITH_HIREDIS
-/// defined and hiredis linked. (2) Rank 0 hands it out through the store.
+/// defined and hiredis linked. (2) See "Who may join" below.
 ///
-/// The token keeps strangers and other jobs out; it travels in clear text, so it is not
-/// protection against someone who can read the network.
+/// Who may join. The token keeps strangers and other jobs out: every connection between ranks
+/// opens with it, and a TCP store that rank 0 hosts admits only clients that prove they know it
+/// (a challenge and response with HMAC-SHA256: the token itself is never sent to the store, and
+/// the store proves it knows the token too). Without COHORT_TOKEN, rank 0 makes a random token
+/// and hands it out through the store, so the store must not admit strangers:
+/// - on one host (the store on loopback, or every rank on this host: local_size == size), the
+///   store admits only processes of the same user on that host (from the kernel's socket
+///   tables), with no configuration;
+/// - across hosts, setup fails with `invalid_argument` and says what to set: COHORT_TOKEN, the
+///   same on every rank (e.g. `COHORT_TOKEN=$(openssl rand -hex 32)`), or COHORT_INSECURE_STORE=1
+///   to let anyone who reaches the store join (only on a network where everyone is trusted).
+///   A "redis://" store not on loopback is treated the same way; a "file:" store relies on the
+///   directory's permissions.
+/// The ranks' own handshakes carry the token in clear text, so it is no protection against
+/// someone who can read the network between the ranks: use a network you trust (or a VPN).
 #pragma once
 
 #include <cstdlib>

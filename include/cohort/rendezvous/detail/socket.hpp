@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -296,24 +297,38 @@ inline void recv_all(int fd, void* data, std::size_t n, deadline until, std::err
   }
 }
 
-/// 32 random bytes as 64 hex digits, from the kernel's generator.
+/// Fills `out` with `n` bytes from the kernel's generator; false when it cannot (no getrandom
+/// and no /dev/urandom).
+inline bool random_bytes(void* out, std::size_t n) {
+  auto* p = static_cast<unsigned char*>(out);
+  std::size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::getrandom(p + got, n - got, 0);
+    if (r > 0) {
+      got += static_cast<std::size_t>(r);
+    } else if (r < 0 && errno == EINTR) {
+    } else {
+      break;
+    }
+  }
+  if (got == n) return true;
+  const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  while (got < n) {
+    const ssize_t r = ::read(fd, p + got, n - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    got += static_cast<std::size_t>(r);
+  }
+  ::close(fd);
+  return got == n;
+}
+
+/// 32 random bytes as 64 hex digits, from the kernel's generator; "" when there is none (a
+/// token from anything weaker could be guessed).
 inline std::string random_token() {
   unsigned char raw[32] = {};
-  std::size_t got = 0;
-  if (int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC); fd >= 0) {
-    while (got < sizeof raw) {
-      const ssize_t r = ::read(fd, raw + got, sizeof raw - got);
-      if (r <= 0) break;
-      got += static_cast<std::size_t>(r);
-    }
-    ::close(fd);
-  }
-  if (got < sizeof raw) {  // no /dev/urandom: still distinct per job, not secret
-    const auto t = static_cast<unsigned long long>(clock::now().time_since_epoch().count()) ^
-                   (static_cast<unsigned long long>(::getpid()) << 32);
-    for (std::size_t i = 0; i < sizeof raw; ++i)
-      raw[i] = static_cast<unsigned char>(t >> (8 * (i % 8)) ^ i * 131);
-  }
+  if (!random_bytes(raw, sizeof raw)) return {};
   std::string s;
   for (unsigned char b : raw) {
     s += "0123456789abcdef"[b >> 4];

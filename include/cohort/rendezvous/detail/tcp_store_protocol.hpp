@@ -1,8 +1,23 @@
 /// @file
 /// The TCP store's wire protocol, shared by the server and the client.
 ///
-/// A client opens with a hello (magic 8, version 4, token length 2, zero 2, token); the server
-/// answers with its magic and status 0, or closes. Then requests and replies alternate:
+/// A connection opens with four messages: the client's hello, the server's challenge, the
+/// client's proof, the server's verdict. Every integer is little-endian.
+///
+/// | hello (client) | bytes | | challenge (server) | bytes | | verdict (server) | bytes |
+/// |----------------|-------| |--------------------|-------| |------------------|-------|
+/// | magic          | 8     | | magic              | 8     | | magic            | 8     |
+/// | version        | 4     | | version            | 4     | | status           | 1     |
+/// | zero           | 4     | | flags (1: token)   | 4     | | zero             | 7     |
+/// | nonce          | 32    | | nonce              | 32    | | server's proof   | 32    |
+///
+/// The client's proof is 32 bytes. When the server has a token (flag 1), the client's proof is
+/// HMAC-SHA256(token, "cohort store client" + client nonce + server nonce) and the server's is
+/// the same with "cohort store server": each side shows that it knows the token, and the token
+/// itself never crosses the wire. Without a token both proofs are zero and the server admits by
+/// its access rule (`store_access`). A verdict other than `admitted` is followed by a close.
+///
+/// Then requests and replies alternate:
 ///
 /// | request    | bytes | | reply    | bytes |
 /// |------------|-------| |----------|-------|
@@ -17,14 +32,17 @@
 /// Every length is checked against its limit before anything is stored.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include <cohort/rendezvous/detail/hmac.hpp>
 #include <cohort/transport/detail/tcp_wire.hpp>
 
 namespace cohort::detail::store_wire {
@@ -33,9 +51,12 @@ using tcp::load_le;
 using tcp::store_le;
 
 inline constexpr std::uint64_t magic = 0x524f545354524843ull;  // "CHRTSTOR"
-inline constexpr std::uint32_t version = 1;
-inline constexpr std::size_t hello_size = 16;
-inline constexpr std::size_t max_token = 96;
+inline constexpr std::uint32_t version = 2;
+inline constexpr std::size_t nonce_size = 32;
+inline constexpr std::size_t hello_size = 16 + nonce_size;  // also the challenge's size
+inline constexpr std::size_t proof_size = 32;
+inline constexpr std::size_t verdict_size = 16 + proof_size;
+inline constexpr std::uint32_t flag_token = 1;  // challenge: the server wants a proof
 inline constexpr std::size_t request_size = 24;
 inline constexpr std::size_t reply_size = 16;
 inline constexpr std::size_t max_key = 4096;
@@ -44,6 +65,45 @@ inline constexpr std::size_t max_wait_keys = 65536;
 
 enum class op : std::uint8_t { set = 1, get = 2, add = 3, wait = 4 };
 enum class status : std::uint8_t { ok = 0, missing = 1, timed_out = 2, bad_request = 3 };
+/// What the server says to a proof.
+enum class verdict : std::uint8_t { admitted = 0, wrong_token = 1, not_local_user = 2 };
+
+using nonce = std::array<std::uint8_t, nonce_size>;
+
+/// A hello (client) or a challenge (server): magic, version, flags, nonce.
+inline void encode_hello(std::byte* p, std::uint32_t flags, const nonce& n) {
+  store_le<std::uint64_t>(p, magic);
+  store_le<std::uint32_t>(p + 8, version);
+  store_le<std::uint32_t>(p + 12, flags);
+  std::memcpy(p + 16, n.data(), n.size());
+}
+
+inline nonce nonce_of(const std::byte* hello) {
+  nonce n;
+  std::memcpy(n.data(), hello + 16, n.size());
+  return n;
+}
+
+/// What a client sends to prove it knows `token` (zero without one).
+inline crypto::digest client_proof(std::string_view token, const nonce& client,
+                                   const nonce& server) {
+  if (token.empty()) return {};
+  return crypto::hmac_sha256(token, std::string_view("cohort store client"), client, server);
+}
+
+/// What the server sends to prove it knows `token` (zero without one).
+inline crypto::digest server_proof(std::string_view token, const nonce& client,
+                                   const nonce& server) {
+  if (token.empty()) return {};
+  return crypto::hmac_sha256(token, std::string_view("cohort store server"), client, server);
+}
+
+inline void encode_verdict(std::byte* p, verdict v, const crypto::digest& proof) {
+  std::memset(p, 0, verdict_size);
+  store_le<std::uint64_t>(p, magic);
+  p[8] = static_cast<std::byte>(v);
+  std::memcpy(p + 16, proof.data(), proof.size());
+}
 
 struct request {
   op kind = op::set;

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -64,6 +65,22 @@ inline void complete_options(tcp_options& o, const launch_info& info) {
     };
 }
 
+/// Whether COHORT_INSECURE_STORE=1 asks that a job without a token use a store anyone may reach.
+/// Only "1": a value meant as "no" must not open the store.
+inline bool insecure_store() {
+  const char* v = env("COHORT_INSECURE_STORE");
+  return v && std::string_view(v) == "1";
+}
+
+/// Why a job without a token may not hand its secret out through `where`.
+inline std::string tokenless_refusal(const std::string& where) {
+  return "no COHORT_TOKEN is set and " + where +
+         " can be reached from other hosts: rank 0 would hand the job's secret to anyone who "
+         "reaches it, who could then take a rank's place. Set COHORT_TOKEN to the same secret on "
+         "every rank (for example COHORT_TOKEN=$(openssl rand -hex 32), or tcp_options::token); "
+         "or, on a network where everyone is trusted, set COHORT_INSECURE_STORE=1";
+}
+
 /// The host part of a "host:port" store, or "" for other kinds.
 inline std::string store_host(const std::string& spec) {
   std::string host;
@@ -98,6 +115,10 @@ inline tcp_transport::tcp_transport(const launch_info& info, tcp_options opts) {
     int port = 0;
     if (!detail::net::split_host_port(spec.substr(8), host, port))
       fail(errc::invalid_argument, "bad Redis store \"" + spec + "\"");
+    // Redis admits whoever reaches it: the token may go through it only on loopback.
+    if (opts.token.empty() && !detail::net::is_loopback_host(host) &&
+        !detail::tcp::insecure_store())
+      fail(errc::invalid_argument, detail::tcp::tokenless_refusal("the Redis store at " + spec));
     redis_store_options ro;
     ro.timeout = opts.connect_timeout;
     s = std::make_unique<redis_store>(host, port, ro);
@@ -112,10 +133,24 @@ inline tcp_transport::tcp_transport(const launch_info& info, tcp_options opts) {
     if (hp.starts_with("tcp://")) hp.remove_prefix(6);
     if (!detail::net::split_host_port(hp, host, port))
       fail(errc::invalid_argument, "bad store address \"" + spec + "\" (want host:port)");
+    // Without a token, rank 0 makes one and hands it out through the store, so the store must
+    // admit only ranks of this job: on one host, only this user's processes (the server checks);
+    // across hosts nothing tells a rank from a stranger, so the user must say it is safe.
+    tcp_store_server_options so;
+    so.token = opts.token;
+    so.log = opts.log;
+    if (opts.token.empty()) {
+      const bool one_host = detail::net::is_loopback_host(host) || info.local_size >= info.size;
+      const bool insecure = detail::tcp::insecure_store();
+      if (!one_host && !insecure)
+        fail(errc::invalid_argument, detail::tcp::tokenless_refusal("the store at " + spec));
+      so.tokenless = insecure ? store_access::anyone : store_access::local_user;
+      if (insecure && rank_ == 0)
+        opts.log("COHORT_INSECURE_STORE=1: the store at " + spec +
+                 " admits anyone who reaches it, and hands them the job's token; use it only on "
+                 "a network where everyone is trusted, or set COHORT_TOKEN");
+    }
     if (rank_ == 0) {
-      tcp_store_server_options so;
-      so.token = opts.token;
-      so.log = opts.log;
       try {
         server_ = std::make_unique<tcp_store_server>(host, port, so);
       } catch (const error& e) {
@@ -158,6 +193,10 @@ inline void tcp_transport::setup(const launch_info& info, store& s, tcp_options 
   if (cfg.token.empty()) {  // rank 0 makes one and hands it out
     if (rank_ == 0) {
       cfg.token = detail::net::random_token();
+      if (cfg.token.empty())
+        fail(make_error_code(errc::unsupported), -1,
+             "cannot make the job's token: the kernel's random generator is unavailable; set "
+             "COHORT_TOKEN");
       s.set(cfg.prefix + "token", cfg.token, ec);
     } else {
       cfg.token = s.get(cfg.prefix + "token", until, ec);
