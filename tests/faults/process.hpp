@@ -58,6 +58,8 @@
 #include <cohort/transport/shm.hpp>
 #include <cohort/transport/tcp.hpp>
 
+#include "../scale.hpp"
+
 namespace cohort::faults {
 
 using namespace std::chrono_literals;
@@ -66,13 +68,7 @@ using steady = std::chrono::steady_clock;
 // ---------------------------------------------------------------------------------------------
 // Scale: sanitizer builds run fewer and smaller cases (COHORT_TEST_SCALE, a fraction in (0, 1]).
 
-/// COHORT_TEST_SCALE as a number in (0, 1]; 1 when unset. CI sets e.g. 0.25 under sanitizers.
-inline double test_scale() {
-  const char* s = std::getenv("COHORT_TEST_SCALE");
-  if (!s || !*s) return 1.0;
-  const double v = std::atof(s);
-  return v > 0 && v <= 1 ? v : 1.0;
-}
+using cohort::test::test_scale;
 /// True in an ASan or TSan build, whose allocators and shadow memory inflate resident memory
 /// several times (bounds on memory are loosened there; LeakSanitizer checks leaks instead).
 #if defined(COHORT_FAULTS_SANITIZED)

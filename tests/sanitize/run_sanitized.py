@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Builds this tree under a sanitizer and runs its test suite there.
+
+    run_sanitized.py --sanitize address,undefined|thread --source SRC --build DIR
+                     [--scale 0.25] [--suppressions tsan.supp] -- CXX...
+
+Configures DIR (once) with the compiler given after --, builds it, and runs every test except
+those that only compile or package, need a GPU, run the MPI peer, or run libFuzzer. A report
+from any sanitizer ends its process with an error, so the test that ran it fails. Prints the
+build and test times and the counts; exits with meson test's status.
+"""
+import argparse
+import json
+import os
+import pathlib
+import shlex
+import subprocess
+import sys
+import time
+
+# Left out of the sanitized run: the benchmarks' smoke runs (the soak, in the faults suite,
+# covers the same calls and checks them), the CUDA tests, and the libFuzzer run, which builds
+# its own sanitized binaries. Tests that only compile or package are not even configured.
+EXCLUDED_SUITES = ("bench", "cuda")
+EXCLUDED_TESTS = ("fuzz run",)
+
+
+def run(cmd, env=None):
+    print("+", " ".join(shlex.quote(str(c)) for c in cmd), flush=True)
+    return subprocess.run(cmd, env=env).returncode
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sanitize", required=True, choices=["address,undefined", "thread"])
+    ap.add_argument("--source", required=True)
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--scale", default="0.25")
+    ap.add_argument("--suppressions")
+    ap.add_argument("cxx", nargs="+")
+    a = ap.parse_args()
+
+    build = pathlib.Path(a.build)
+    env = dict(os.environ)
+    env["CXX"] = " ".join(shlex.quote(c) for c in a.cxx)
+    # -O1 -g1: faster to build than -O2 -g, fast enough to run, line numbers in every report;
+    # assertions stay on (buildtype plain does not define NDEBUG).
+    flags = "-O1 -g1 -fno-sanitize-recover=all -fno-omit-frame-pointer"
+    t0 = time.monotonic()
+    if not (build / "build.ninja").exists():
+        rc = run(["meson", "setup", str(build), a.source, "--buildtype=plain",
+                  "-Db_sanitize=" + a.sanitize, "-Db_lundef=false", "-Dcuda=disabled",
+                  "-Dcompile_checks=false", "-Dsanitizer_runs=disabled",
+                  "-Dcpp_args=" + flags, "-Dcpp_link_args=" + flags], env)
+        if rc:
+            return rc
+    info = build / "meson-info"
+    tests = json.loads((info / "intro-tests.json").read_text())
+    chosen = [t for t in tests
+              if not set(t["suite"]) & {f"cohort:{x}" for x in EXCLUDED_SUITES}
+              and t["name"] not in EXCLUDED_TESTS]
+    left_out = sorted(t["name"] for t in tests if t not in chosen)
+    # Build only what the chosen tests run: their programs, the built files among their
+    # arguments, and the targets they declare they depend on.
+    outputs = {}
+    for target in json.loads((info / "intro-targets.json").read_text()):
+        for f in target["filename"]:
+            outputs[f] = target["id"]
+    ids = {target_id for t in chosen for target_id in t.get("depends", [])}
+    ids |= {outputs[c] for t in chosen for c in t["cmd"] if c in outputs}
+    wanted = sorted({os.path.relpath(f, build) for f, i in outputs.items() if i in ids})
+    rc = run(["ninja", "-C", str(build)] + wanted, env)
+    if rc:
+        return rc
+    t_build = time.monotonic() - t0
+    print(f"{len(chosen)} tests under -fsanitize={a.sanitize}; left out: {', '.join(left_out)}",
+          flush=True)
+
+    env["COHORT_TEST_SCALE"] = a.scale
+    common = "halt_on_error=1:abort_on_error=0:print_stacktrace=1"
+    env["ASAN_OPTIONS"] = common + ":detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=0"
+    env["UBSAN_OPTIONS"] = common
+    env["LSAN_OPTIONS"] = "print_suppressions=0"
+    tsan = common + ":second_deadlock_stack=1"
+    if a.suppressions:
+        tsan += ":suppressions=" + str(pathlib.Path(a.suppressions).resolve())
+    env["TSAN_OPTIONS"] = tsan
+    t1 = time.monotonic()
+    rc = run(["meson", "test", "-C", str(build), "--no-rebuild", "--print-errorlogs",
+              "--timeout-multiplier", "3"] + [t["name"] for t in chosen], env)
+    t_test = time.monotonic() - t1
+
+    counts = {}
+    log = build / "meson-logs" / "testlog.json"
+    for line in log.read_text().splitlines() if log.exists() else []:
+        r = json.loads(line)
+        counts[r["result"]] = counts.get(r["result"], 0) + 1
+    print(f"-fsanitize={a.sanitize}: build {t_build:.0f} s, tests {t_test:.0f} s; "
+          + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())), flush=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
