@@ -25,9 +25,9 @@ EXCLUDED_SUITES = ("bench", "cuda")
 EXCLUDED_TESTS = ("fuzz run",)
 
 
-def run(cmd, env=None):
+def run(cmd, env=None, cwd=None):
     print("+", " ".join(shlex.quote(str(c)) for c in cmd), flush=True)
-    return subprocess.run(cmd, env=env).returncode
+    return subprocess.run(cmd, env=env, cwd=cwd).returncode
 
 
 def main():
@@ -48,10 +48,14 @@ def main():
     flags = "-O1 -g1 -fno-sanitize-recover=all -fno-omit-frame-pointer"
     t0 = time.monotonic()
     if not (build / "build.ninja").exists():
+        # Configure from inside the build directory: meson's CMake probe runs
+        # `cmake --system-information`, which makes and removes a scratch directory in the
+        # working directory, and the two sanitizer runs start side by side in the same one.
+        build.mkdir(parents=True, exist_ok=True)
         rc = run(["meson", "setup", str(build), a.source, "--buildtype=plain",
                   "-Db_sanitize=" + a.sanitize, "-Db_lundef=false", "-Dcuda=disabled",
                   "-Dcompile_checks=false", "-Dsanitizer_runs=disabled",
-                  "-Dcpp_args=" + flags, "-Dcpp_link_args=" + flags], env)
+                  "-Dcpp_args=" + flags, "-Dcpp_link_args=" + flags], env, cwd=build)
         if rc:
             return rc
     info = build / "meson-info"
