@@ -27,7 +27,7 @@
 
 #include <cohort/core/error.hpp>
 #include <cohort/core/options.hpp>
-#include <cohort/rendezvous/detail/socket.hpp>
+#include <cohort/detail/net/socket.hpp>
 #include <cohort/rendezvous/detail/tcp_store_handshake.hpp>
 #include <cohort/rendezvous/detail/tcp_store_protocol.hpp>
 #include <cohort/rendezvous/store.hpp>

@@ -18,7 +18,7 @@
 #include <cohort/core/options.hpp>
 #include <cohort/rendezvous/detail/hmac.hpp>
 #include <cohort/rendezvous/detail/peer_uid.hpp>
-#include <cohort/rendezvous/detail/socket.hpp>
+#include <cohort/detail/net/socket.hpp>
 #include <cohort/rendezvous/detail/tcp_store_protocol.hpp>
 
 namespace cohort::detail::store_wire {

@@ -42,13 +42,13 @@
 #include <string_view>
 #include <vector>
 
+#include <cohort/detail/net/byte_order.hpp>
 #include <cohort/rendezvous/detail/hmac.hpp>
-#include <cohort/transport/detail/tcp_wire.hpp>
 
 namespace cohort::detail::store_wire {
 
-using tcp::load_le;
-using tcp::store_le;
+using net::load_le;
+using net::store_le;
 
 inline constexpr std::uint64_t magic = 0x524f545354524843ull;  // "CHRTSTOR"
 inline constexpr std::uint32_t version = 2;

@@ -41,7 +41,7 @@
 
 #include <cohort/core/error.hpp>
 #include <cohort/core/options.hpp>
-#include <cohort/rendezvous/detail/socket.hpp>
+#include <cohort/detail/net/socket.hpp>
 #include <cohort/rendezvous/store.hpp>
 #include <cohort/transport/detail/tcp_net.hpp>
 #include <cohort/transport/detail/tcp_wire.hpp>

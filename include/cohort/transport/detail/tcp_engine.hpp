@@ -47,7 +47,7 @@
 
 #include <cohort/core/error.hpp>
 #include <cohort/core/options.hpp>
-#include <cohort/rendezvous/detail/socket.hpp>
+#include <cohort/detail/net/socket.hpp>
 #include <cohort/transport/detail/tcp_wire.hpp>
 
 namespace cohort::detail::tcp {

@@ -20,7 +20,7 @@
 #include <string_view>
 #include <vector>
 
-#include <cohort/rendezvous/detail/socket.hpp>
+#include <cohort/detail/net/socket.hpp>
 
 namespace cohort::detail::tcp {
 

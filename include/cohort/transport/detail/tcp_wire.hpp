@@ -36,6 +36,7 @@
 #include <system_error>
 
 #include <cohort/core/error.hpp>
+#include <cohort/detail/net/byte_order.hpp>
 
 namespace cohort::detail::tcp {
 
@@ -53,17 +54,8 @@ inline constexpr std::uint8_t frame_mark = 0xC7;
 
 enum class frame_type : std::uint8_t { data = 1, abort = 2 };
 
-template <class U>
-inline void store_le(std::byte* p, U v) noexcept {
-  for (std::size_t i = 0; i < sizeof(U); ++i) p[i] = static_cast<std::byte>(v >> (8 * i));
-}
-template <class U>
-inline U load_le(const std::byte* p) noexcept {
-  U v = 0;
-  for (std::size_t i = 0; i < sizeof(U); ++i)
-    v |= static_cast<U>(std::to_integer<U>(p[i]) << (8 * i));
-  return v;
-}
+using net::load_le;
+using net::store_le;
 
 /// What each end of a connection says about itself before anything else.
 struct hello {

@@ -1,6 +1,11 @@
 /// @file
-/// Plain POSIX socket helpers with deadlines for the stores (and the transport's setup): name
-/// resolution that gives up at a deadline, connect, and whole-buffer send and receive. No Asio.
+/// Plain POSIX socket helpers with deadlines: name resolution that gives up at a deadline,
+/// connect, whole-buffer send and receive, owned descriptors, random tokens. No Asio.
+///
+/// The layer `cohort/detail/net/` sits below both users of sockets and above `core/` only:
+/// the rendezvous stores (`rendezvous/`) and the TCP transport (`transport/`) both build on
+/// it, and it includes neither. The transport may use a store (to meet its peers); a store
+/// never reaches into a transport (tests/headers/check_layers.py checks both rules).
 #pragma once
 
 #include <arpa/inet.h>
