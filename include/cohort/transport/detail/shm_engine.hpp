@@ -31,6 +31,7 @@
 
 #include <cohort/core/error.hpp>
 #include <cohort/core/options.hpp>
+#include <cohort/transport/detail/fifo.hpp>
 #include <cohort/transport/detail/shm_ring.hpp>
 #include <cohort/transport/detail/shm_segment.hpp>
 #include <cohort/transport/detail/shm_sync.hpp>
@@ -62,29 +63,6 @@ struct request {
   int peer = -1;  ///< -1: nothing pending.
   bool is_send = false;
   std::uint64_t end = 0;
-};
-
-/// A FIFO on a vector that keeps its capacity: no allocation once warm.
-template <class T>
-class fifo {
- public:
-  bool empty() const noexcept { return head_ == items_.size(); }
-  T& front() noexcept { return items_[head_]; }
-  void push(const T& v) {
-    if (empty()) clear();
-    items_.push_back(v);
-  }
-  void pop() noexcept {
-    if (++head_ == items_.size()) clear();
-  }
-
- private:
-  void clear() noexcept {
-    items_.clear();
-    head_ = 0;
-  }
-  std::vector<T> items_;
-  std::size_t head_ = 0;
 };
 
 /// Everything this rank keeps about one peer.
@@ -179,7 +157,7 @@ class engine {
       if (taken >= s_.pack_bytes) flush();
     }
     if (taken < bytes.size()) {
-      l.sends.push({bytes.data() + taken, bytes.size() - taken});
+      l.sends.push_back({bytes.data() + taken, bytes.size() - taken});
       ++pending_sends_;
     }
     return {peer, true, l.send_posted};
@@ -190,7 +168,7 @@ class engine {
     if (bytes.empty()) return {};
     peer_link& l = link(peer);
     l.recv_posted += bytes.size();
-    l.recvs.push({bytes.data(), bytes.size(), bytes.size() >= s_.stream_bytes});
+    l.recvs.push_back({bytes.data(), bytes.size(), bytes.size() >= s_.stream_bytes});
     ++pending_recvs_;
     return {peer, false, l.recv_posted};
   }
@@ -316,7 +294,7 @@ class engine {
       l.send_copied += k;
       moved += k;
       if (s.size == 0) {
-        l.sends.pop();
+        l.sends.pop_front();
         --pending_sends_;
       }
     }
@@ -341,7 +319,7 @@ class engine {
       l.recv_done += k;
       moved += k;
       if (r.size == 0) {
-        l.recvs.pop();
+        l.recvs.pop_front();
         --pending_recvs_;
       }
     }

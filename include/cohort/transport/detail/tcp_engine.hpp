@@ -48,41 +48,12 @@
 #include <cohort/core/error.hpp>
 #include <cohort/core/options.hpp>
 #include <cohort/detail/net/socket.hpp>
+#include <cohort/transport/detail/fifo.hpp>
 #include <cohort/transport/detail/tcp_wire.hpp>
 
 namespace cohort::detail::tcp {
 
 using net::unique_fd;
-
-/// A FIFO of trivially copyable items on a vector that only grows: no allocation once warm.
-template <class T>
-class fifo {
- public:
-  bool empty() const noexcept { return count_ == 0; }
-  std::size_t size() const noexcept { return count_; }
-  T& front() noexcept { return buf_[head_]; }
-  T& operator[](std::size_t i) noexcept { return buf_[(head_ + i) & (buf_.size() - 1)]; }
-  void push_back(const T& v) {
-    if (count_ == buf_.size()) grow();
-    buf_[(head_ + count_) & (buf_.size() - 1)] = v;
-    ++count_;
-  }
-  void pop_front() noexcept {
-    head_ = (head_ + 1) & (buf_.size() - 1);
-    --count_;
-  }
-  void clear() noexcept { head_ = count_ = 0; }
-
- private:
-  void grow() {
-    std::vector<T> next(buf_.empty() ? 16 : buf_.size() * 2);
-    for (std::size_t i = 0; i < count_; ++i) next[i] = (*this)[i];
-    buf_.swap(next);
-    head_ = 0;
-  }
-  std::vector<T> buf_;
-  std::size_t head_ = 0, count_ = 0;
-};
 
 /// Tuning of the data path.
 struct engine_options {
