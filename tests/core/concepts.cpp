@@ -80,3 +80,22 @@ TEST_CASE("integer sum and product wrap instead of overflowing") {
   CHECK(cohort::ops::prod(std::int8_t{100}, std::int8_t{3}) == static_cast<std::int8_t>(44));
   CHECK(cohort::ops::avg.finalize(10.0f, 4) == 2.5f);
 }
+
+TEST_CASE("built-in reductions keep their wire numbers and names; user ops get other tags") {
+  namespace d = cohort::detail;
+  // The numbers travel in call headers and to the device kernels: they never change.
+  CHECK(d::reduction_tag<cohort::ops::sum_t>() == 1);
+  CHECK(d::reduction_tag<cohort::ops::prod_t>() == 2);
+  CHECK(d::reduction_tag<cohort::ops::min_t>() == 3);
+  CHECK(d::reduction_tag<cohort::ops::max_t>() == 4);
+  CHECK(d::reduction_tag<cohort::ops::avg_t>() == 5);
+  CHECK(d::builtin_reduction_name(1) == "sum");
+  CHECK(d::builtin_reduction_name(5) == "avg");
+  CHECK(d::builtin_reduction_name(0).empty());
+  CHECK(d::builtin_reduction_name(6).empty());
+  const auto first = [](auto a, auto) { return a; };
+  const std::uint32_t user = d::reduction_tag<cohort::ops::ordered_fn<decltype(first)>>();
+  CHECK(user > d::last_builtin_reduction);
+  CHECK(d::builtin_reduction_name(user).empty());
+  CHECK(user == d::reduction_tag<cohort::ops::ordered_fn<decltype(first)>>());  // stable
+}

@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <typeinfo>
 
+#include <cohort/core/detail/reduction_tags.hpp>
 #include <cohort/core/dtype.hpp>
 
 namespace cohort {
@@ -145,20 +146,47 @@ constexpr std::string_view reduction_name() noexcept {
   }
 }
 
+/// The number of a built-in reduction type (core/detail/reduction_tags.hpp), `none` for any
+/// other type.
+template <class Op>
+inline constexpr builtin_reduction builtin_reduction_of = builtin_reduction::none;
+template <>
+inline constexpr builtin_reduction builtin_reduction_of<ops::sum_t> = builtin_reduction::sum;
+template <>
+inline constexpr builtin_reduction builtin_reduction_of<ops::prod_t> = builtin_reduction::prod;
+template <>
+inline constexpr builtin_reduction builtin_reduction_of<ops::min_t> = builtin_reduction::min;
+template <>
+inline constexpr builtin_reduction builtin_reduction_of<ops::max_t> = builtin_reduction::max;
+template <>
+inline constexpr builtin_reduction builtin_reduction_of<ops::avg_t> = builtin_reduction::avg;
+
+/// The name of the built-in reduction with tag `tag` ("sum"), or "" when `tag` names none.
+constexpr std::string_view builtin_reduction_name(std::uint32_t tag) noexcept {
+  switch (static_cast<builtin_reduction>(tag)) {
+    case builtin_reduction::sum: return ops::sum_t::name;
+    case builtin_reduction::prod: return ops::prod_t::name;
+    case builtin_reduction::min: return ops::min_t::name;
+    case builtin_reduction::max: return ops::max_t::name;
+    case builtin_reduction::avg: return ops::avg_t::name;
+    case builtin_reduction::none: break;
+  }
+  return {};
+}
+
 /// A tag that differs between reduction types, so that ranks passing different ops are told.
-/// Built-ins get small fixed numbers; user types a hash of their type name (same binary, same
-/// hash; different binaries of one job must be built by the same compiler).
+/// Built-ins get their fixed numbers (`builtin_reduction`); user types a hash of their type
+/// name (same binary, same hash; different binaries of one job must be built by the same
+/// compiler).
 template <class Op>
 std::uint32_t reduction_tag() noexcept {
-  if constexpr (std::same_as<Op, ops::sum_t>) return 1;
-  else if constexpr (std::same_as<Op, ops::prod_t>) return 2;
-  else if constexpr (std::same_as<Op, ops::min_t>) return 3;
-  else if constexpr (std::same_as<Op, ops::max_t>) return 4;
-  else if constexpr (std::same_as<Op, ops::avg_t>) return 5;
-  else {
+  if constexpr (builtin_reduction_of<Op> != builtin_reduction::none) {
+    return static_cast<std::uint32_t>(builtin_reduction_of<Op>);
+  } else {
     static const std::uint32_t tag = [] {
       std::uint32_t h = 2166136261u;  // FNV-1a
       for (const char* p = typeid(Op).name(); *p; ++p) h = (h ^ static_cast<unsigned char>(*p)) * 16777619u;
+      static_assert(last_builtin_reduction < 0x100u);
       return h | 0x100u;  // never collides with the built-ins
     }();
     return tag;

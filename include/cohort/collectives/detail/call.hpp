@@ -61,8 +61,8 @@ inline std::string describe(const call_header& h) {
   if (static_cast<collective>(h.kind) == collective::barrier) return s;
   s += " with " + std::to_string(h.count) + " ";
   s += h.type == 0xff ? std::string_view("?") : dtype_name(static_cast<dtype>(h.type));
-  constexpr std::string_view builtin[] = {"", "sum", "prod", "min", "max", "avg"};
-  if (h.op_tag >= 1 && h.op_tag <= 5) s += " " + std::string(builtin[h.op_tag]);
+  if (const std::string_view op = builtin_reduction_name(h.op_tag); !op.empty())
+    s += " " + std::string(op);
   else if (h.op_tag != 0) s += " user-defined op " + std::to_string(h.op_tag);
   if (h.root >= 0) s += (static_cast<collective>(h.kind) == collective::broadcast ? " from root " : " to root ") + std::to_string(h.root);
   return s;
