@@ -196,7 +196,7 @@ int cohort_cuda_ipc_event_open(void** event, const void* handle64) {
 int cohort_cuda_reduce(int dtype, int op, const void* const* src, int nsrc, void* const* dst,
                        int ndst, std::size_t count, int ranks, CUstream_st* stream) {
   if (nsrc < 1 || nsrc > COHORT_CUDA_MAX_OPERANDS || ndst < 1 || ndst > COHORT_CUDA_MAX_OPERANDS ||
-      op < 1 || op > 5 || ranks < 0)
+      op < 1 || op > static_cast<int>(cohort::detail::last_builtin_reduction) || ranks < 0)
     return invalid();
   if (count == 0) return 0;
   reduce_args a{};

@@ -1,6 +1,6 @@
 // Shared by the kernels of cohort-cuda: launch geometry, error propagation, 16-byte vectors.
-// Compiled by nvcc only; includes no Asio and nothing of cohort but the plain-C ABI and the
-// host/device math.
+// Compiled by nvcc only; includes no Asio and nothing of cohort but the plain-C ABI, the
+// host/device math and the numbers of the built-in reductions.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,6 +15,7 @@
 namespace cohort::cuda::kernels {
 
 using namespace cohort::cuda::detail;
+using cohort::detail::builtin_reduction;
 
 /// Returns the cudaError_t of `expr` as an int when it failed.
 #define COHORT_CUDA_TRY(expr)                                                             \

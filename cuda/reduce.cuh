@@ -17,14 +17,14 @@ struct reduce_args {
   int ranks;  // > 0: finalize with this many ranks (avg)
 };
 
-template <class T, int Op>
+template <class T, builtin_reduction Op>
 __device__ __forceinline__ typename T::acc finish(typename T::acc v, int ranks) {
   return ranks > 0 ? reduce_op<Op>::finalize(v, ranks) : v;
 }
 
 // Every element is read from all sources before any destination is written, by the same
 // thread, so a destination may be one of the sources (in place).
-template <class T, int Op, bool Vec>
+template <class T, builtin_reduction Op, bool Vec>
 __global__ void __launch_bounds__(threads_per_block) reduce_kernel(const reduce_args a) {
   using S = typename T::storage;
   using A = typename T::acc;
@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(threads_per_block) reduce_kernel(const reduce_
   }
 }
 
-template <class T, int Op>
+template <class T, builtin_reduction Op>
 int launch_reduce(const reduce_args& a, cudaStream_t stream) {
   bool vec = true;
   for (int q = 0; q < a.nsrc; ++q) vec = vec && aligned16(a.src[q]);
@@ -77,17 +77,19 @@ int launch_reduce(const reduce_args& a, cudaStream_t stream) {
 
 template <class T>
 int launch_reduce_op(int op, const reduce_args& a, cudaStream_t stream) {
-  switch (op) {
-    case 1:
-      return launch_reduce<T, 1>(a, stream);
-    case 2:
-      return launch_reduce<T, 2>(a, stream);
-    case 3:
-      return launch_reduce<T, 3>(a, stream);
-    case 4:
-      return launch_reduce<T, 4>(a, stream);
-    case 5:
-      return launch_reduce<T, 5>(a, stream);
+  switch (static_cast<builtin_reduction>(op)) {
+    case builtin_reduction::sum:
+      return launch_reduce<T, builtin_reduction::sum>(a, stream);
+    case builtin_reduction::prod:
+      return launch_reduce<T, builtin_reduction::prod>(a, stream);
+    case builtin_reduction::min:
+      return launch_reduce<T, builtin_reduction::min>(a, stream);
+    case builtin_reduction::max:
+      return launch_reduce<T, builtin_reduction::max>(a, stream);
+    case builtin_reduction::avg:
+      return launch_reduce<T, builtin_reduction::avg>(a, stream);
+    case builtin_reduction::none:
+      break;
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }

@@ -18,9 +18,10 @@
 #include <chrono>
 #include <cohort/collectives/barrier.hpp>
 #include <cohort/compress/top_k.hpp>
-#include <cohort/cuda/kernels.hpp>
+#include <cohort/cuda/codecs.hpp>
+#include <cohort/cuda/ipc.hpp>
+#include <cohort/cuda/reduce.hpp>
 #include <cohort/cuda/runtime.hpp>
-#include <cohort/transport/cuda_ipc.hpp>
 #include <cohort/transport/shm.hpp>
 #include <cstdio>
 #include <cstdlib>

@@ -15,9 +15,10 @@
 #include <cohort/compress/error_feedback.hpp>
 #include <cohort/compress/quantize.hpp>
 #include <cohort/compress/top_k.hpp>
-#include <cohort/cuda/kernels.hpp>
+#include <cohort/cuda/codecs.hpp>
+#include <cohort/cuda/ipc.hpp>
+#include <cohort/cuda/reduce.hpp>
 #include <cohort/cuda/runtime.hpp>
-#include <cohort/transport/cuda_ipc.hpp>
 #include <cohort/transport/shm.hpp>
 #include <cstdio>
 #include <cstdlib>

@@ -10,10 +10,11 @@
 #include <cohort/compress/error_feedback.hpp>
 #include <cohort/compress/quantize.hpp>
 #include <cohort/compress/top_k.hpp>
+#include <cohort/cuda/codecs.hpp>
 #include <cohort/cuda/error.hpp>
-#include <cohort/cuda/kernels.hpp>
+#include <cohort/cuda/ipc.hpp>
+#include <cohort/cuda/reduce.hpp>
 #include <cohort/cuda/runtime.hpp>
-#include <cohort/transport/cuda_ipc.hpp>
 #include <cohort/transport/loopback.hpp>
 #include <cstdint>
 #include <cstring>
@@ -126,8 +127,11 @@ struct type_of<bf16> {
   using type = m::bf16_type;
 };
 
-template <class T, int Op, class HostOp>
+template <class T, class HostOp>
 void check_fold(const HostOp& op) {
+  // The device kernels know the op by its number; fold<Type, Op> runs their arithmetic.
+  constexpr auto Op = cohort::detail::builtin_reduction_of<HostOp>;
+  static_assert(Op != cohort::detail::builtin_reduction::none);
   using Type = typename type_of<T>::type;
   using S = typename Type::storage;
   const std::size_t n = 3001;
@@ -136,7 +140,7 @@ void check_fold(const HostOp& op) {
     for (int q = 0; q < p; ++q) {
       const auto v = special_floats(100 + static_cast<std::uint64_t>(q), n);
       for (std::size_t i = 0; i < n; ++i)
-        x[q][i] = from_float<T>(Op == 2 ? 1.0f + v[i] * 1e-3f : v[i]);
+        x[q][i] = from_float<T>(Op == cohort::detail::builtin_reduction::prod ? 1.0f + v[i] * 1e-3f : v[i]);
     }
     // The host reference: rank order, accumulator type, finalize, one rounding (all_reduce_small).
     std::vector<T> want(n);
@@ -150,7 +154,7 @@ void check_fold(const HostOp& op) {
     for (auto& v : x) src.push_back(reinterpret_cast<const S*>(v.data()));
     std::vector<T> got(n), got2(n);
     S* dst[] = {reinterpret_cast<S*>(got.data()), reinterpret_cast<S*>(got2.data())};
-    ct::fold<Type, Op>(src, dst, n, Op == 5 ? p : 0);
+    ct::fold<Type, Op>(src, dst, n, Op == cohort::detail::builtin_reduction::avg ? p : 0);
     for (std::size_t i = 0; i < n; ++i) {
       REQUIRE(std::memcmp(&got[i], &want[i], sizeof(T)) == 0);
       REQUIRE(std::memcmp(&got2[i], &want[i], sizeof(T)) == 0);
@@ -171,11 +175,11 @@ void check_fold(const HostOp& op) {
 
 template <class T>
 void check_all_ops() {
-  check_fold<T, 1>(cohort::ops::sum);
-  check_fold<T, 2>(cohort::ops::prod);
-  check_fold<T, 3>(cohort::ops::min);
-  check_fold<T, 4>(cohort::ops::max);
-  check_fold<T, 5>(cohort::ops::avg);
+  check_fold<T>(cohort::ops::sum);
+  check_fold<T>(cohort::ops::prod);
+  check_fold<T>(cohort::ops::min);
+  check_fold<T>(cohort::ops::max);
+  check_fold<T>(cohort::ops::avg);
 }
 
 }  // namespace
@@ -384,6 +388,25 @@ TEST_CASE("kernel wrappers reject bad arguments before any CUDA call") {
   CHECK(ec == cohort::errc::invalid_argument);
   // n = 0 launches nothing and succeeds, with or without a device.
   CHECK_NOTHROW(cc::cast_encode<bf16>(nullptr, nullptr, 0, nullptr));
+}
+
+TEST_CASE("one event type: empty until an interprocess event is made, CUDA failures as codes") {
+  cohort::cuda::event none{nullptr};
+  CHECK(none.get() == nullptr);
+  cohort::cuda::event moved = std::move(none);
+  CHECK(moved.get() == nullptr);
+  if (cohort::cuda::device_count() > 0) {
+    std::byte handle[64]{};
+    REQUIRE(moved.create_interprocess(handle) == 0);
+    CHECK(moved.get() != nullptr);
+    return;
+  }
+  // No device: the runtime's error comes back as a number, nothing is held, nothing throws.
+  std::byte handle[64]{};
+  CHECK(moved.create_interprocess(handle) != 0);
+  CHECK(moved.get() == nullptr);
+  CHECK(moved.open_interprocess(handle) != 0);
+  CHECK_THROWS_AS(cohort::cuda::event(), cohort::error);  // a timing event needs a device
 }
 
 TEST_CASE("CUDA IPC splits a buffer into aligned, balanced, covering parts") {

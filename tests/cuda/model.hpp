@@ -68,7 +68,7 @@ inline bool same_or_nan(cohort::bf16 a, cohort::bf16 b) {
 // --- The kernels' loops ---------------------------------------------------------------------
 
 /// cohort_cuda_reduce for element type Type (f32_type...) and op Op, on the CPU.
-template <class Type, int Op>
+template <class Type, cohort::detail::builtin_reduction Op>
 void fold(std::span<const typename Type::storage* const> src,
           std::span<typename Type::storage* const> dst, std::size_t n, int ranks) {
   for (std::size_t i = 0; i < n; ++i) {

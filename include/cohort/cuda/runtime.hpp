@@ -1,7 +1,8 @@
 /// @file
 /// The little of the CUDA runtime that cohort's device code and its users need, with no CUDA
 /// header: device discovery, device memory, streams and events, all as RAII types that throw
-/// `cohort::error` (`errc::cuda_error`, with the CUDA text).
+/// `cohort::error` (`errc::cuda_error`, with the CUDA text). The CUDA IPC communicator
+/// (cuda/ipc.hpp) uses the same `event` for its interprocess events.
 ///
 /// ```cpp
 /// if (cohort::cuda::device_count() == 0) return;        // no GPU: nothing to do
@@ -15,6 +16,7 @@
 #include <cohort/cuda/detail/abi.hpp>
 #include <cohort/cuda/error.hpp>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -127,19 +129,38 @@ class stream {
   stream_t s_ = nullptr;
 };
 
-/// A CUDA event that can time; move-only.
+/// A CUDA event; move-only. The default constructor makes one that can time; the CUDA IPC
+/// communicator makes interprocess ones (`create_interprocess`, `open_interprocess`).
 class event {
  public:
-  /// Creates the event.
+  /// Creates an event that can time.
   event() { check(cohort_cuda_event_create(&e_, 1), "cuda::event", "cudaEventCreate"); }
+  /// Holds no event yet: `create_interprocess` or `open_interprocess` makes one.
+  explicit event(std::nullptr_t) noexcept {}
+  event(const event&) = delete;
+  event& operator=(const event&) = delete;
   event(event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
   event& operator=(event&& o) noexcept {
     std::swap(e_, o.e_);
     return *this;
   }
-  ~event() {
-    if (e_ != nullptr) cohort_cuda_event_destroy(e_);
+  ~event() { reset(); }
+
+  /// Replaces the event by an interprocess one (no timing) and writes its 64-byte handle
+  /// (cudaIpcEventHandle_t) to `handle64`. Returns the cudaError_t value, 0 on success: the
+  /// CUDA IPC setup exchanges every rank's outcome before any rank throws.
+  int create_interprocess(std::byte* handle64) noexcept {
+    reset();
+    return cohort_cuda_ipc_event_create(&e_, handle64);
   }
+  /// Replaces the event by a peer's interprocess event, from its handle. Returns as above.
+  int open_interprocess(const std::byte* handle64) noexcept {
+    reset();
+    return cohort_cuda_ipc_event_open(&e_, handle64);
+  }
+
+  /// The `cudaEvent_t`, or null when there is none.
+  void* get() const noexcept { return e_; }
   /// Records it on `s`.
   void record(stream_t s) {
     check(cohort_cuda_event_record(e_, s), "cuda::event", "cudaEventRecord");
@@ -148,7 +169,7 @@ class event {
   void synchronize() const {
     check(cohort_cuda_event_synchronize(e_), "cuda::event", "cudaEventSynchronize");
   }
-  /// Milliseconds from `start` to this event (both recorded and complete).
+  /// Milliseconds from `start` to this event (both recorded and complete; both timing events).
   float since(const event& start) const {
     float ms = 0;
     check(cohort_cuda_event_elapsed_ms(&ms, start.e_, e_), "cuda::event", "cudaEventElapsedTime");
@@ -156,6 +177,9 @@ class event {
   }
 
  private:
+  void reset() noexcept {
+    if (e_ != nullptr) cohort_cuda_event_destroy(std::exchange(e_, nullptr));
+  }
   void* e_ = nullptr;
 };
 

@@ -6,8 +6,8 @@
 /// these compiles with any C++ compiler and without the toolkit; only the program that calls
 /// them links `cohort_cuda_dep`. Every function returns a `cudaError_t` value as an `int`
 /// (0 = success); `cohort_cuda_error_name/string` turn it into text. Enumerations travel as
-/// the numbers of cohort's own enums: `dtype`, `reduction_tag`, `compress::decode_mode`,
-/// `compress::selection`. Kernels run on the calling thread's current device, in stream order;
+/// the numbers of cohort's own enums: `dtype`, `detail::builtin_reduction`
+/// (core/detail/reduction_tags.hpp), `compress::decode_mode`, `compress::selection`. Kernels run on the calling thread's current device, in stream order;
 /// they never synchronize unless a comment says so.
 #pragma once
 

@@ -13,6 +13,7 @@
 /// without `--use_fast_math` (it flushes subnormals and approximates division).
 #pragma once
 
+#include <cohort/core/detail/reduction_tags.hpp>
 #include <cstdint>
 #include <cstring>
 
@@ -141,17 +142,18 @@ struct bf16_type {
   static COHORT_HD storage narrow(acc v) { return f32_to_bf16(v); }
 };
 
-/// The built-in reductions by `reduction_tag` (1 sum, 2 prod, 3 min, 4 max, 5 avg), as
-/// cohort::ops defines them for floating types.
-template <int Op>
+/// The built-in reductions by their numbers (core/detail/reduction_tags.hpp), as cohort::ops
+/// defines them for floating types.
+template <cohort::detail::builtin_reduction Op>
 struct reduce_op {
+  using tag = cohort::detail::builtin_reduction;
   template <class A>
   static COHORT_HD A apply(A a, A b) {
-    if constexpr (Op == 1 || Op == 5)
+    if constexpr (Op == tag::sum || Op == tag::avg)
       return add_rn(a, b);
-    else if constexpr (Op == 2)
+    else if constexpr (Op == tag::prod)
       return mul_rn(a, b);
-    else if constexpr (Op == 3)
+    else if constexpr (Op == tag::min)
       return b < a ? b : a;
     else
       return a < b ? b : a;
@@ -159,7 +161,7 @@ struct reduce_op {
   /// avg divides by the number of ranks once at the end; the others leave the value alone.
   template <class A>
   static COHORT_HD A finalize(A a, int ranks) {
-    if constexpr (Op == 5)
+    if constexpr (Op == tag::avg)
       return div_rn(a, static_cast<A>(ranks));
     else
       return a;

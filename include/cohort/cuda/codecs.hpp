@@ -1,142 +1,41 @@
 /// @file
-/// The device kernels, typed: element-wise reductions and the codecs of cohort/compress/ on
-/// device memory, stream-ordered.
+/// The device codecs, typed: the codecs of cohort/compress/ on device memory, stream-ordered.
 ///
 /// Every function takes device pointers and a stream, checks its arguments (`errc::
 /// invalid_argument`), launches, and returns without waiting, except top-k, whose output
 /// length depends on the data (see `top_k_encode`). CUDA failures throw `cohort::error` with
-/// `errc::cuda_error` and the CUDA text; the overloads taking `std::error_code&` report instead.
+/// `errc::cuda_error` and the CUDA text.
 ///
-/// Results are bit for bit those of the host code: `combine` is collectives/detail/kernels.hpp's
-/// `combine` (fp32 accumulation for fp16/bf16, one rounding), the encodings are the bytes of
-/// `compress::fp16`, `compress::bf16`, `compress::int8` (round to nearest or stochastic, same
-/// seeds) and `compress::top_k_codec` (same indices, same sample), and the `_feedback` forms
-/// leave the residual `compress::error_feedback` would. The host tests check the per-element
-/// arithmetic (detail/math.hpp) and the top-k plan without a GPU; the device tests compare the
-/// kernels with the host codecs.
+/// The encodings are bit for bit the bytes of `compress::fp16`, `compress::bf16`,
+/// `compress::int8` (round to nearest or stochastic, same seeds) and `compress::top_k_codec`
+/// (same indices, same sample), and the `_feedback` forms leave the residual
+/// `compress::error_feedback` would. The host tests check the per-element arithmetic
+/// (detail/math.hpp) and the top-k plan (detail/top_k_plan.hpp) without a GPU; the device tests
+/// compare the kernels with the host codecs. The reductions are cuda/reduce.hpp.
 #pragma once
 
 #include <cohort/compress/codec.hpp>
 #include <cohort/compress/quantize.hpp>
 #include <cohort/compress/top_k.hpp>
 #include <cohort/core/dtype.hpp>
-#include <cohort/core/ops.hpp>
 #include <cohort/cuda/detail/abi.hpp>
-#include <cohort/cuda/detail/math.hpp>
+#include <cohort/cuda/detail/launch.hpp>
 #include <cohort/cuda/error.hpp>
 #include <cohort/cuda/runtime.hpp>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <span>
-#include <string>
-#include <system_error>
 
 namespace cohort::cuda {
 
-/// Element types the device reductions take.
-template <class T>
-concept device_element = std::same_as<T, float> || std::same_as<T, double> ||
-    std::same_as<T, fp16> || std::same_as<T, bf16>;
-
-/// The built-in reductions, the only ones the device kernels know.
-template <class Op>
-concept device_reduction = std::same_as<Op, ops::sum_t> || std::same_as<Op, ops::prod_t> ||
-    std::same_as<Op, ops::min_t> || std::same_as<Op, ops::max_t> || std::same_as<Op, ops::avg_t>;
-
 namespace detail {
-
 // The ABI passes cohort's own enumerators as numbers; the kernels read them as these.
-static_assert(static_cast<int>(dtype::f32) == f32_type::code &&
-              static_cast<int>(dtype::f64) == f64_type::code &&
-              static_cast<int>(dtype::fp16) == fp16_type::code &&
-              static_cast<int>(dtype::bf16) == bf16_type::code);
 static_assert(static_cast<int>(compress::decode_mode::assign) == 0 &&
               static_cast<int>(compress::decode_mode::add) == 1 &&
               static_cast<int>(compress::decode_mode::subtract) == 2);
 static_assert(static_cast<int>(compress::selection::exact) == 0 &&
               static_cast<int>(compress::selection::sampled) == 1);
-
-template <class Op>
-constexpr int op_code() noexcept {
-  if constexpr (std::same_as<Op, ops::sum_t>)
-    return 1;
-  else if constexpr (std::same_as<Op, ops::prod_t>)
-    return 2;
-  else if constexpr (std::same_as<Op, ops::min_t>)
-    return 3;
-  else if constexpr (std::same_as<Op, ops::max_t>)
-    return 4;
-  else
-    return 5;
-}
-
-// Runs `launch` (returning a CUDA code) unless `bad` names an argument problem; reports either.
-template <class Launch>
-void run(std::string_view operation, const char* bad, Launch launch, std::error_code* ec) {
-  if (bad != nullptr) {
-    if (ec == nullptr) throw_invalid(operation, bad);
-    *ec = make_error_code(errc::invalid_argument);
-    return;
-  }
-  const int code = launch();
-  if (ec == nullptr)
-    check(code, operation, "kernel launch");
-  else
-    *ec = code == 0 ? std::error_code{} : make_error_code(errc::cuda_error);
-}
-
-inline bool aligned(const void* p, std::size_t a) {
-  return reinterpret_cast<std::uintptr_t>(p) % a == 0;
-}
-
-template <device_element T, device_reduction Op>
-void fold(std::span<const T* const> src, std::span<T* const> dst, std::size_t n, int ranks,
-          stream_t s, std::error_code* ec) {
-  const char* bad = nullptr;
-  if (src.empty() || dst.empty() || src.size() > COHORT_CUDA_MAX_OPERANDS ||
-      dst.size() > COHORT_CUDA_MAX_OPERANDS)
-    bad = "1 to 32 sources and destinations";
-  for (const T* p : src) bad = n > 0 && p == nullptr ? "a null source pointer" : bad;
-  for (T* p : dst) bad = n > 0 && p == nullptr ? "a null destination pointer" : bad;
-  run(
-      "cuda::fold", bad,
-      [&] {
-        const void* sv[COHORT_CUDA_MAX_OPERANDS];
-        void* dv[COHORT_CUDA_MAX_OPERANDS];
-        for (std::size_t i = 0; i < src.size(); ++i) sv[i] = src[i];
-        for (std::size_t i = 0; i < dst.size(); ++i) dv[i] = dst[i];
-        return cohort_cuda_reduce(static_cast<int>(dtype_of<T>), op_code<Op>(), sv,
-                                  static_cast<int>(src.size()), dv, static_cast<int>(dst.size()), n,
-                                  ranks, s);
-      },
-      ec);
-}
-
 }  // namespace detail
-
-/// For i < n: every dst[j][i] = src[0][i] op src[1][i] op ... (left to right, accumulated in
-/// `accumulator_t<T>`), then `op.finalize(., ranks)` when `ranks` > 0, rounded once. A
-/// destination may be a source. Up to 32 of each. 16-byte vector accesses when aligned.
-template <device_element T, device_reduction Op>
-void fold(std::span<const T* const> src, std::span<T* const> dst, std::size_t n, const Op&,
-          int ranks, stream_t s) {
-  detail::fold<T, Op>(src, dst, n, ranks, s, nullptr);
-}
-/// As above; reports failure through `ec`.
-template <device_element T, device_reduction Op>
-void fold(std::span<const T* const> src, std::span<T* const> dst, std::size_t n, const Op&,
-          int ranks, stream_t s, std::error_code& ec) {
-  detail::fold<T, Op>(src, dst, n, ranks, s, &ec);
-}
-
-/// out[i] = op(a[i], b[i]) on the device: the host `combine`. `out` may be `a` or `b`.
-template <device_element T, device_reduction Op>
-void combine(const T* a, const T* b, T* out, std::size_t n, const Op& op, stream_t s) {
-  const T* src[] = {a, b};
-  T* const dst[] = {out};
-  fold<T>(std::span<const T* const>(src), std::span<T* const>(dst), n, op, 0, s);
-}
 
 // --- Casts ---------------------------------------------------------------------------------
 

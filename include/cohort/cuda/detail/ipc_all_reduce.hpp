@@ -1,6 +1,6 @@
 /// @file
 /// all_reduce over `cuda_ipc_communicator`: the call records, the event protocol and the one
-/// kernel per rank (see transport/cuda_ipc.hpp for the design and its invariants).
+/// kernel per rank (see cuda/ipc.hpp for the design and its invariants).
 #pragma once
 
 #include <cohort/collectives/all_gather.hpp>
@@ -8,10 +8,10 @@
 #include <cohort/core/buffer.hpp>
 #include <cohort/core/error.hpp>
 #include <cohort/core/ops.hpp>
+#include <cohort/cuda/detail/ipc_protocol.hpp>
 #include <cohort/cuda/error.hpp>
-#include <cohort/cuda/kernels.hpp>
-#include <cohort/transport/cuda_ipc.hpp>
-#include <cohort/transport/detail/cuda_ipc_protocol.hpp>
+#include <cohort/cuda/ipc.hpp>
+#include <cohort/cuda/reduce.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -69,8 +69,9 @@ failure all_reduce(cuda_ipc_communicator<Host>& comm, const T* in, T* out, std::
   }
 
   const int type = static_cast<int>(dtype_of<T>);
-  constexpr int op = cuda::detail::op_code<Op>();
-  const int ranks = op == 5 ? p : 0;  // avg divides by P once
+  constexpr builtin_reduction tag = builtin_reduction_of<Op>;
+  constexpr int op = static_cast<int>(tag);
+  const int ranks = tag == builtin_reduction::avg ? p : 0;  // avg divides by P once
   if (p == 1) {
     if (n == 0 || (in == out && ranks == 0)) return {};
     const void* src[] = {in};
@@ -85,7 +86,7 @@ failure all_reduce(cuda_ipc_communicator<Host>& comm, const T* in, T* out, std::
   mine.type = static_cast<std::uint8_t>(type);
   mine.sequence = sequence;
   mine.count = n;
-  mine.op_tag = reduction_tag<Op>();
+  mine.op_tag = static_cast<std::uint32_t>(tag);
   if (n > 0) {
     const std::size_t bytes = n * sizeof(T);
     int status = 0;

@@ -1,18 +1,20 @@
 /// @file
 /// The machinery behind `cohort::cuda_ipc_communicator`: the records ranks exchange over the
 /// host communicator, the partition of a buffer among its owners, the caches of exported and
-/// mapped allocations, and RAII for interprocess events. Plain C++: CUDA is reached through
-/// cohort/cuda/detail/abi.hpp only.
+/// mapped allocations (the interprocess events are `cuda::event`). Plain C++: CUDA is reached
+/// through cohort/cuda/detail/abi.hpp only.
 #pragma once
 
 #include <algorithm>
 #include <cohort/core/buffer.hpp>
 #include <cohort/core/dtype.hpp>
+#include <cohort/core/ops.hpp>
 #include <cohort/cuda/detail/abi.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -78,12 +80,12 @@ inline bool same_call(const call_record& a, const call_record& b) noexcept {
 /// "all_reduce #3 with 1024 f32 sum".
 inline std::string describe(const call_record& r) {
   if (r.magic != call_magic) return "a malformed CUDA IPC call record";
-  constexpr const char* ops[] = {"?", "sum", "prod", "min", "max", "avg"};
   std::string s = r.kind == 1 ? "all_reduce" : "collective " + std::to_string(r.kind);
   s += " #" + std::to_string(r.sequence) + " with " + std::to_string(r.count) + " ";
   s += dtype_name(static_cast<dtype>(r.type));
   s += " ";
-  s += r.op_tag <= 5 ? ops[r.op_tag] : "?";
+  const std::string_view op = builtin_reduction_name(r.op_tag);
+  s += op.empty() ? std::string_view("?") : op;
   return s;
 }
 
@@ -119,30 +121,6 @@ inline range owned_range(std::size_t n, int size, int rank, std::size_t unit) no
   const block b = block_of(units, size, rank);
   return {std::min(b.offset * unit, n), std::min((b.offset + b.count) * unit, n)};
 }
-
-/// An interprocess event: this rank's own, or a peer's opened here. Destroyed with it.
-class event {
- public:
-  event() = default;
-  event(const event&) = delete;
-  event& operator=(const event&) = delete;
-  event(event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
-  event& operator=(event&& o) noexcept {
-    std::swap(e_, o.e_);
-    return *this;
-  }
-  ~event() {
-    if (e_ != nullptr) cohort_cuda_event_destroy(e_);
-  }
-  /// Creates one with its handle.
-  int create(std::byte* handle) { return cohort_cuda_ipc_event_create(&e_, handle); }
-  /// Opens a peer's.
-  int open(const std::byte* handle) { return cohort_cuda_ipc_event_open(&e_, handle); }
-  void* get() const noexcept { return e_; }
-
- private:
-  void* e_ = nullptr;
-};
 
 /// The IPC handles of this rank's allocations, by buffer id (asking the driver once each).
 class exports {

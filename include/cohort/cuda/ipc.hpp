@@ -8,6 +8,10 @@
 /// cohort::all_reduce(gpu, grads, grads, n, cohort::ops::avg, stream);  // stream-ordered
 /// ```
 ///
+/// Not a transport: a communicator built over a host communicator, whose collectives
+/// (all_gather, barrier) carry its control messages; so it sits over the collectives, beside
+/// the device kernels it launches (cuda/reduce.hpp), and includes nothing of compress/.
+///
 /// **Data path.** A call's buffers come straight from the caller (they must be `cudaMalloc`
 /// memory; `cohort::cuda::device_buffer` is). Each rank exports its input and output
 /// allocations with `cudaIpcGetMemHandle` (once per allocation, cached) and its peers map them
@@ -47,10 +51,10 @@
 #include <cohort/collectives/all_gather.hpp>
 #include <cohort/core/communicator.hpp>
 #include <cohort/core/error.hpp>
+#include <cohort/cuda/detail/ipc_protocol.hpp>
 #include <cohort/cuda/error.hpp>
-#include <cohort/cuda/kernels.hpp>
+#include <cohort/cuda/reduce.hpp>
 #include <cohort/cuda/runtime.hpp>
-#include <cohort/transport/detail/cuda_ipc_protocol.hpp>
 #include <cstddef>
 #include <string>
 #include <system_error>
@@ -94,8 +98,8 @@ class cuda_ipc_communicator {
       : host_(host),
         exports_(opts.max_mappings),
         maps_(host.size(), opts.max_mappings),
-        peer_ready_(static_cast<std::size_t>(host.size())),
-        peer_done_(static_cast<std::size_t>(host.size())) {
+        peer_ready_(no_events(host.size())),
+        peer_done_(no_events(host.size())) {
     const int p = host.size(), r = host.rank();
     if (p > COHORT_CUDA_MAX_OPERANDS)
       throw error(make_error_code(errc::unsupported), "cuda_ipc_communicator", -1,
@@ -121,8 +125,8 @@ class cuda_ipc_communicator {
     for (int q = 0; q < p && opened == 0; ++q) {
       if (q == r) continue;
       const auto& s = all[static_cast<std::size_t>(q)];
-      opened = peer_ready_[q].open(s.ready_event);
-      if (opened == 0) opened = peer_done_[q].open(s.done_event);
+      opened = peer_ready_[q].open_interprocess(s.ready_event);
+      if (opened == 0) opened = peer_done_[q].open_interprocess(s.done_event);
     }
     std::vector<std::int32_t> statuses(static_cast<std::size_t>(p));
     exchange(&opened, statuses.data(), sizeof opened);
@@ -172,8 +176,15 @@ class cuda_ipc_communicator {
     }
     device_ = device;
     if (const int e = cohort_cuda_set_device(device)) return e;
-    if (const int e = ready_.create(mine.ready_event)) return e;
-    return done_.create(mine.done_event);
+    if (const int e = ready_.create_interprocess(mine.ready_event)) return e;
+    return done_.create_interprocess(mine.done_event);
+  }
+
+  static std::vector<cuda::event> no_events(int count) {
+    std::vector<cuda::event> v;
+    v.reserve(static_cast<std::size_t>(count));
+    for (int i = 0; i < count; ++i) v.emplace_back(nullptr);
+    return v;
   }
 
   // all_gather of one record per rank over the host communicator; throws its failure.
@@ -198,8 +209,8 @@ class cuda_ipc_communicator {
   std::uint64_t sequence_ = 0;
   detail::cuda_ipc::exports exports_;
   detail::cuda_ipc::mappings maps_;  // the peers' allocations mapped here
-  detail::cuda_ipc::event ready_, done_;
-  std::vector<detail::cuda_ipc::event> peer_ready_, peer_done_;
+  cuda::event ready_{nullptr}, done_{nullptr};  // interprocess, this rank's
+  std::vector<cuda::event> peer_ready_, peer_done_;  // the peers', opened here
   std::vector<detail::cuda_ipc::call_record> records_;  // reused by every call
 };
 
@@ -261,4 +272,4 @@ void synchronize(cuda_ipc_communicator<Host>& comm, cuda::stream_t stream,
 
 }  // namespace cohort
 
-#include <cohort/transport/detail/cuda_ipc_all_reduce.hpp>
+#include <cohort/cuda/detail/ipc_all_reduce.hpp>
