@@ -16,6 +16,10 @@ endif()
 # vcpkg keys its binary cache on the port's files, not on the headers this port copies:
 # header changes need `--binarysource=clear` (or a new port version).
 set(VCPKG_BUILD_TYPE release)  # nothing to build, so no debug tree either
+# No ELF file is installed, but vcpkg's rpath fix-up scans every file without a known extension
+# (such as share/cohort/usage) and, to do so, downloads patchelf: with this off, the port installs
+# offline.
+set(VCPKG_FIXUP_ELF_RPATH OFF)
 
 file(INSTALL "${SOURCE_PATH}/include/cohort" DESTINATION "${CURRENT_PACKAGES_DIR}/include")
 
