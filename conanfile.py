@@ -2,8 +2,11 @@
 
     conan create . --profile offline          # README.md, "Install", has the profile
 
-The package holds the headers only; consumers get the CMake target cohort::cohort (and the
-pkg-config name cohort) from Conan's generators (CMakeDeps, PkgConfigDeps).
+The package holds the headers only; consumers get the CMake target cohort::cohort (CMakeDeps)
+or the pkg-config name cohort (PkgConfigDeps, which MesonToolchain points Meson at). Both carry
+C++20 themselves, as the packages of `meson install` and vcpkg do: the target asks for the
+compile feature cxx_std_20 (packaging/conan/cohort-conan.cmake) and cohort.pc's Cflags hold
+-std=c++20.
 """
 import os
 
@@ -27,7 +30,7 @@ class CohortConan(ConanFile):
     settings = "os", "arch", "compiler", "build_type"
     options = {"with_cuda": [True, False]}
     default_options = {"with_cuda": False}
-    exports_sources = "include/*", "LICENSE"
+    exports_sources = "include/*", "LICENSE", "packaging/conan/*"
     no_copy_source = True
 
     # Compilers known to build cohort's C++20 (README.md, "Requirements").
@@ -69,16 +72,32 @@ class CohortConan(ConanFile):
     def build(self):
         pass  # headers only
 
+    _build_module = os.path.join("lib", "cmake", "cohort-conan.cmake")
+
     def package(self):
         copy(self, "LICENSE", self.source_folder, os.path.join(self.package_folder, "licenses"))
         copy(self, "*.hpp", os.path.join(self.source_folder, "include"),
              os.path.join(self.package_folder, "include"))
+        copy(self, "cohort-conan.cmake", os.path.join(self.source_folder, "packaging", "conan"),
+             os.path.join(self.package_folder, "lib", "cmake"))
 
     def package_info(self):
         self.cpp_info.bindirs = []
         self.cpp_info.libdirs = []
         self.cpp_info.set_property("cmake_file_name", "cohort")
         self.cpp_info.set_property("cmake_target_name", "cohort::cohort")
+        # Before 1.0 a minor release may break (docs/VERSIONING.md): find_package(cohort 0.1)
+        # accepts 0.1.x only, as with the CMake package of `meson install` and vcpkg.
+        if Version(self.version) < "1":
+            self.cpp_info.set_property("cmake_config_version_compat", "SameMinorVersion")
+        # CMakeDeps has no property for compile features: this module adds cxx_std_20 to
+        # cohort::cohort after CMakeDeps made it (and refuses COMPONENTS cuda).
+        self.cpp_info.set_property("cmake_build_modules", [self._build_module])
         self.cpp_info.set_property("pkg_config_name", "cohort")
+        # For PkgConfigDeps' cohort.pc, whose Cflags then say C++20 as Meson's cohort.pc does.
+        # CMakeDeps passes it on too, harmlessly: CMake writes its own -std flag after a target's
+        # compile options, so a consumer at C++23 stays at C++23.
+        if self.settings.get_safe("compiler") != "msvc":
+            self.cpp_info.cxxflags = ["-std=c++20"]
         if self.settings.os in ("Linux", "FreeBSD"):
             self.cpp_info.system_libs = ["pthread"]
