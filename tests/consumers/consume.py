@@ -3,12 +3,24 @@
 
 usage: consume.py ROUTE --source DIR --build DIR --version X.Y.Z -- CXX [ARGS...]
 
-Routes:
-  cmake             `meson install --destdir` this build, then find_package(cohort CONFIG)
-  pkg-config        `meson install --destdir` this build, then g++ $(pkg-config --cflags --libs)
-  meson-subproject  a Meson project whose subprojects/cohort is this source tree
-  conan             `conan create` with an offline profile (skipped without Conan 2)
-  vcpkg             `vcpkg install` of ports/cohort with a stub boost-asio (skipped without vcpkg)
+Routes (README.md, "Install", gives the same commands to users):
+  cmake                `meson install --destdir` this build, then find_package(cohort CONFIG)
+  pkg-config           `meson install --destdir` this build, then g++ $(pkg-config --cflags --libs)
+  meson-subproject     a Meson project whose subprojects/cohort is this source tree
+  conan-cmakedeps      `conan create` (and test_package), then a CMake consumer: CMakeDeps and
+                       CMakeToolchain
+  conan-pkgconfigdeps  `conan create`, then a Meson consumer: PkgConfigDeps and MesonToolchain
+  vcpkg-classic        `vcpkg install cohort` with the overlay ports, then a CMake consumer
+  vcpkg-manifest       a CMake consumer with vcpkg.json and vcpkg-configuration.json
+
+Conan and vcpkg are taken from ../shared/tools/ beside the source tree (as CI has them), else
+from PATH; a route skips only when neither has its tool. Conan runs with a fresh CONAN_HOME and
+vcpkg from a copy of its root with its binary cache beside it, both in the route's temporary
+directory, so nothing outside it is read or written (but the tools and the compilers).
+
+The CMake consumers (tests/consumers/cmake) pin themselves to C++17 and build only because
+cohort::cohort asks for cxx_std_20; the pkg-config and Meson ones set no standard and build
+only because cohort.pc asks for -std=c++20.
 
 Each route works in its own temporary directory, removed at the end (kept if
 COHORT_KEEP_CONSUMER_TMP is set). Exit status: 0 pass, 1 fail, 77 skip (reason on stderr).
@@ -23,8 +35,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
+import types
 
 SKIP = 77
+START = time.monotonic()
 HERE = pathlib.Path(__file__).resolve().parent
 CONSUMER_CPP = HERE / "consumer.cpp"
 
@@ -40,7 +55,7 @@ class Skip(Exception):
 def run(cmd, cwd=None, env=None):
     """Runs cmd, echoing it; returns its stdout+stderr; raises Failure on a non-zero exit."""
     cmd = [str(c) for c in cmd]
-    print("+", shlex.join(cmd), flush=True)
+    print(f"+ [{time.monotonic() - START:.1f} s]", shlex.join(cmd), flush=True)
     proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
@@ -49,11 +64,9 @@ def run(cmd, cwd=None, env=None):
     return proc.stdout
 
 
-def tool(name, skip_reason=None):
+def tool(name):
     path = shutil.which(name)
     if path is None:
-        if skip_reason:
-            raise Skip(skip_reason)
         raise Failure(f"{name} is not on PATH (.ci/run installs it)")
     return path
 
@@ -65,8 +78,23 @@ def check_program_output(out, args):
         raise Failure(f"the consumer printed something else than: {expected}")
 
 
+def check_found(out, args, within):
+    """Checks that the consumer's CMake configure found cohort args.version under within (the
+    consumer's CMakeLists.txt prints "cohort VERSION from DIR")."""
+    found = re.search(r"^-- cohort (\S+) from (\S+)$", out, re.MULTILINE)
+    if not found or found.group(1) != args.version:
+        raise Failure(f"find_package did not report cohort {args.version}:\n{out}")
+    where = pathlib.Path(found.group(2)).resolve()
+    if not where.is_relative_to(pathlib.Path(within).resolve()):
+        raise Failure(f"find_package took cohort from {where}, not from {within}")
+    print(f"find_package found cohort {args.version} in {where}")
+    return where
+
+
 def install(args, tmp):
-    """Installs this build under tmp/destdir; returns (destdir, prefix, installed paths)."""
+    """Installs this build under tmp/destdir; returns the staging directory (destdir), the
+    prefix, Meson's options, the installed files and staged(suffix), the one staged path that
+    ends in suffix."""
     meson = tool("meson")
     destdir = tmp / "destdir"
     run([meson, "install", "-C", args.build, "--no-rebuild", "--quiet", "--destdir", destdir])
@@ -83,7 +111,9 @@ def install(args, tmp):
             raise Failure(f"{path} was not installed")
         return path
 
-    return destdir, prefix, staged
+    return types.SimpleNamespace(destdir=destdir, prefix=prefix, staged=staged,
+                                 installed=installed,
+                                 options={o["name"]: o["value"] for o in options})
 
 
 def copy_consumer(dst):
@@ -92,33 +122,42 @@ def copy_consumer(dst):
 
 
 def route_cmake(args, tmp):
-    destdir, prefix, staged = install(args, tmp)
+    staging = install(args, tmp)
+    destdir, prefix, staged = staging.destdir, staging.prefix, staging.staged
     config = staged("/cmake/cohort/cohortConfig.cmake")
     staged("/cmake/cohort/cohortConfigVersion.cmake")
+    # Where README.md says it goes: datadir (share/cmake/cohort) while the package is headers
+    # only, libdir (lib/<triplet>/cmake/cohort) once it holds the compiled CUDA library.
+    with_cuda = any(pathlib.Path(p).name.startswith("libcohort-cuda")
+                    for p in staging.installed.values())
+    base = staging.options["libdir" if with_cuda else "datadir"]
+    expected = pathlib.Path(prefix) / base / "cmake" / "cohort"
+    if config.parent != destdir / str(expected).lstrip("/"):
+        raise Failure(f"the CMake package went to {config.parent}, not to {expected} "
+                      f"({'with' if with_cuda else 'without'} the CUDA library), as README.md says")
     src = tmp / "src"
     copy_consumer(src)
     shutil.copy(HERE / "cmake" / "CMakeLists.txt", src / "CMakeLists.txt")
     cmake = tool("cmake")
     configure = [cmake, "-S", src, "-B", tmp / "build", "-DCMAKE_BUILD_TYPE=Release",
                  f"-DCMAKE_PREFIX_PATH={destdir / prefix.lstrip('/')}",
+                 "-DCOHORT_CONSUMER_CXX_STANDARD=17",
                  f"-DCMAKE_CXX_COMPILER={args.cxx[-1]}"]
     if len(args.cxx) > 1:  # e.g. ccache g++
         configure.append(f"-DCMAKE_CXX_COMPILER_LAUNCHER={';'.join(args.cxx[:-1])}")
     if shutil.which("ninja"):
         configure += ["-G", "Ninja"]
     out = run(configure)
-    found = re.search(r"cohort (\S+) from (\S+)", out)
-    if not found or found.group(1) != args.version:
-        raise Failure(f"find_package did not report cohort {args.version}:\n{out}")
-    if pathlib.Path(found.group(2)).resolve() != config.parent.resolve():
-        raise Failure(f"find_package took {found.group(2)}, not the staged {config.parent}")
+    if check_found(out, args, within=config.parent) != config.parent.resolve():
+        raise Failure(f"find_package did not take the staged {config.parent}")
     run([cmake, "--build", tmp / "build", "-j", "1"])
     check_program_output(run([tmp / "build" / "consumer"]), args)
 
 
 def route_pkg_config(args, tmp):
-    destdir, _, staged = install(args, tmp)
-    pc = staged("/pkgconfig/cohort.pc")
+    staging = install(args, tmp)
+    destdir = staging.destdir
+    pc = staging.staged("/pkgconfig/cohort.pc")
     pkg_config = tool("pkg-config")
     env = dict(os.environ,
                PKG_CONFIG_PATH=str(pc.parent),
@@ -171,67 +210,217 @@ def route_meson_subproject(args, tmp):
     check_program_output(run([build / "consumer"]), args)
 
 
-def route_conan(args, tmp):
-    conan = tool("conan", "conan is not on PATH: the Conan 2 recipe (conanfile.py) was not built")
-    env = dict(os.environ, CONAN_HOME=str(tmp / "conan-home"))  # leave the user's cache alone
-    version = run([conan, "--version"], env=env)
-    if not re.search(r"\b2\.\d+", version):
-        raise Skip(f"the recipe needs Conan 2, this is {version.strip()}")
+def tools_dir(args):
+    """The package managers CI provides beside the checkout (../shared/tools/README.md)."""
+    return pathlib.Path(args.source).resolve().parent / "shared" / "tools"
+
+
+def clean_env(prefixes, **settings):
+    """os.environ without the caller's settings for a tool (so that no user cache, profile or
+    overlay leaks in), plus settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+    env.update({k: str(v) for k, v in settings.items()})
+    return env
+
+
+def find_conan(args):
+    """Conan 2 from ../shared/tools/conan, else from PATH; skips only when neither has it."""
+    shared = tools_dir(args) / "conan" / "bin" / "conan"
+    if os.access(shared, os.X_OK):
+        return str(shared)
+    on_path = shutil.which("conan")
+    if on_path:
+        return on_path
+    raise Skip(f"Conan is neither in {shared.parent.parent} nor on PATH: the Conan 2 recipe "
+               "(conanfile.py) was not built")
+
+
+def conan_setup(args, tmp):
+    """A fresh CONAN_HOME under tmp with the README's profiles; returns (conan, env)."""
+    conan = find_conan(args)
+    # The compiler Meson uses; `conan profile detect` and CMake both read CXX.
+    env = clean_env(("CONAN_",), CONAN_HOME=tmp / "conan-home", CXX=args.cxx[-1])
+    proc = subprocess.run([conan, "--version"], env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        print(proc.stdout, end="")
+        raise Failure(f"{conan} does not run: Conan 2.8 from source needs Debian's python3-requests "
+                      "python3-yaml python3-jinja2 python3-dateutil python3-distro "
+                      "python3-fasteners python3-colorama python3-urllib3 python3-patch-ng")
+    if not re.search(r"\b2\.\d+", proc.stdout):
+        raise Failure(f"the recipe needs Conan 2, {conan} is {proc.stdout.strip()}")
+    print(f"{conan}: {proc.stdout.strip()}")
     run([conan, "profile", "detect"], env=env)
     profiles = tmp / "conan-home" / "profiles"
+    # README.md, "Conan 2": the detected profile plus C++20 and the system's Boost.
     (profiles / "offline").write_text(
         "include(default)\n[settings]\ncompiler.cppstd=20\n[platform_requires]\nboost/1.81.0\n")
-    (profiles / "offline17").write_text(
-        "include(default)\n[settings]\ncompiler.cppstd=17\n[platform_requires]\nboost/1.81.0\n")
-    # A copy of test_package, so that Conan's build folder stays out of the source tree.
-    test_folder = tmp / "test_package"
-    shutil.copytree(pathlib.Path(args.source) / "test_package", test_folder)
+    return conan, env
+
+
+def route_conan_cmakedeps(args, tmp):
+    """`conan create` (with test_package), then the README's consumer: CMakeDeps + CMakeToolchain
+    and tests/consumers/cmake/CMakeLists.txt, pinned to C++17 so that it builds only if
+    cohort::cohort asks for C++20 itself."""
+    conan, env = conan_setup(args, tmp)
+    (tmp / "conan-home" / "profiles" / "offline17").write_text(
+        "include(offline)\n[settings]\ncompiler.cppstd=17\n")
 
     # C++17 must be refused with a message that says what to do.
     proc = subprocess.run([conan, "create", args.source, "--profile", "offline17",
-                           "--test-folder", test_folder], env=env, text=True,
+                           "--test-folder", ""], env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     if proc.returncode == 0 or "compiler.cppstd=20" not in proc.stdout:
         print(proc.stdout)
         raise Failure("conan create with compiler.cppstd=17 was not refused with advice")
 
+    # A copy of test_package, so that Conan's build folder stays out of the source tree.
+    test_folder = tmp / "test_package"
+    shutil.copytree(pathlib.Path(args.source) / "test_package", test_folder)
     out = run([conan, "create", args.source, "--profile", "offline", "--test-folder",
                test_folder], env=env)
     check_program_output(out, args)
 
-
-def route_vcpkg(args, tmp):
-    vcpkg = tool("vcpkg", "vcpkg is not on PATH: the port (ports/cohort) was not installed")
-    root = pathlib.Path(os.environ.get("VCPKG_ROOT") or pathlib.Path(vcpkg).resolve().parent)
-    toolchain = root / "scripts" / "buildsystems" / "vcpkg.cmake"
-    if not toolchain.exists():
-        raise Skip(f"vcpkg found, but not its toolchain file {toolchain} (set VCPKG_ROOT)")
-    source = pathlib.Path(args.source)
-    installed = tmp / "vcpkg_installed"
-    env = dict(os.environ, VCPKG_FORCE_SYSTEM_BINARIES="1", VCPKG_ROOT=str(root))
-    run([vcpkg, "install", "cohort",
-         f"--overlay-ports={source / 'ports'}",
-         f"--overlay-ports={source / 'packaging' / 'vcpkg' / 'offline-ports'}",
-         f"--x-install-root={installed}", f"--x-buildtrees-root={tmp / 'buildtrees'}",
-         f"--x-packages-root={tmp / 'packages'}", "--binarysource=clear"],
-        cwd=tmp, env=env)  # classic mode: no vcpkg.json in tmp or above it
-    src = tmp / "src"
-    copy_consumer(src)
-    shutil.copy(HERE / "cmake" / "CMakeLists.txt", src / "CMakeLists.txt")
+    app = tmp / "app"
+    copy_consumer(app)
+    shutil.copy(HERE / "cmake" / "CMakeLists.txt", app / "CMakeLists.txt")
+    (app / "conanfile.txt").write_text(
+        f"[requires]\ncohort/{args.version}\n\n[generators]\nCMakeDeps\nCMakeToolchain\n")
+    # README.md's commands, run in the consumer's folder.
+    run([conan, "install", ".", "--profile", "offline", "--output-folder=build"],
+        cwd=app, env=env)
     cmake = tool("cmake")
-    run([cmake, "-S", src, "-B", tmp / "build", "-DCMAKE_BUILD_TYPE=Release",
-         f"-DCMAKE_TOOLCHAIN_FILE={toolchain}", f"-DVCPKG_INSTALLED_DIR={installed}",
-         "-DVCPKG_MANIFEST_MODE=OFF", f"-DCMAKE_CXX_COMPILER={args.cxx[-1]}"], env=env)
-    run([cmake, "--build", tmp / "build", "-j", "1"], env=env)
-    check_program_output(run([tmp / "build" / "consumer"]), args)
+    out = run([cmake, "-S", ".", "-B", "build",
+               "-DCMAKE_TOOLCHAIN_FILE=build/conan_toolchain.cmake", "-DCMAKE_BUILD_TYPE=Release",
+               "-DCOHORT_CONSUMER_CXX_STANDARD=17"], cwd=app, env=env)
+    check_found(out, args, within=app / "build")
+    run([cmake, "--build", "build", "-j", "1"], cwd=app, env=env)
+    check_program_output(run([app / "build" / "consumer"]), args)
+
+
+def route_conan_pkgconfigdeps(args, tmp):
+    """`conan create`, then a Meson consumer through PkgConfigDeps + MesonToolchain whose
+    C++ standard is left to the compiler: it builds only if cohort.pc says C++20."""
+    conan, env = conan_setup(args, tmp)
+    run([conan, "create", args.source, "--profile", "offline", "--test-folder", ""], env=env)
+
+    app = tmp / "app"
+    copy_consumer(app)
+    shutil.copy(HERE / "meson-pkgconfig" / "meson.build", app / "meson.build")
+    (app / "conanfile.txt").write_text(
+        f"[requires]\ncohort/{args.version}\n\n[generators]\nPkgConfigDeps\nMesonToolchain\n")
+    # README.md's commands, run in the consumer's folder.
+    run([conan, "install", ".", "--profile", "offline", "--output-folder=conan"],
+        cwd=app, env=env)
+    generators = app / "conan"
+
+    pkg_config = tool("pkg-config")
+    pc_env = dict(env, PKG_CONFIG_PATH=str(generators))
+    version = run([pkg_config, "--modversion", "cohort"], env=pc_env).strip()
+    if version != args.version:
+        raise Failure(f"Conan's cohort.pc says version {version}, Meson says {args.version}")
+    cflags = shlex.split(run([pkg_config, "--cflags", "cohort"], env=pc_env))
+    if "-std=c++20" not in cflags:
+        raise Failure(f"Conan's cohort.pc does not ask for C++20: Cflags {cflags}")
+
+    meson = tool("meson")
+    # MesonToolchain's native file sets cpp_std from the profile (c++20); -Dcpp_std=none takes
+    # that back, so the compiler's default (gnu++17 for g++ 12) holds unless cohort.pc says more.
+    run([meson, "setup", "build", "--native-file", "conan/conan_meson_native.ini",
+         "-Dcpp_std=none"], cwd=app, env=env)
+    deps = json.loads(run([meson, "introspect", "--dependencies", "build"], cwd=app))
+    cohort = [d for d in deps if d["name"] == "cohort"]
+    if not cohort or cohort[0].get("version") != args.version:
+        raise Failure(f"Meson's dependency('cohort') is not Conan's {args.version}: {cohort}")
+    run([meson, "compile", "-C", "build", "-j", "1"], cwd=app, env=env)
+    check_program_output(run([app / "build" / "consumer"]), args)
+
+
+def vcpkg_setup(args, tmp):
+    """A writable copy of a vcpkg root (vcpkg writes into its root) and the environment the
+    README gives; returns (vcpkg, env)."""
+    shared = tools_dir(args) / "vcpkg"
+    if os.access(shared / "vcpkg", os.X_OK):
+        root = shared
+    else:
+        on_path = shutil.which("vcpkg")
+        if on_path is None:
+            raise Skip(f"vcpkg is neither in {shared} nor on PATH: the port (ports/cohort) was "
+                       "not installed")
+        root = pathlib.Path(os.environ.get("VCPKG_ROOT") or pathlib.Path(on_path).resolve().parent)
+    if not (root / "scripts" / "buildsystems" / "vcpkg.cmake").exists():
+        raise Failure(f"{root} is not a vcpkg root (no scripts/buildsystems/vcpkg.cmake): "
+                      "set VCPKG_ROOT")
+    copy = tmp / "vcpkg-root"
+    # What vcpkg made there before (and its git history) is not needed and may be large.
+    shutil.copytree(root, copy, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", "buildtrees", "packages", "installed", "downloads"))
+    for d, _, files in os.walk(copy):  # the shared copy is read-only
+        os.chmod(d, 0o755)
+        for f in files:
+            path = os.path.join(d, f)
+            if not os.path.islink(path):
+                os.chmod(path, os.stat(path).st_mode | 0o200)
+    # Manifest mode needs the builtin ports/ folder, which a checkout of the ports tree has and
+    # the shared root (all ports from overlays, its empty ports/ not kept) lacks.
+    (copy / "ports").mkdir(exist_ok=True)
+    cache = tmp / "vcpkg-cache"
+    cache.mkdir()
+    env = clean_env(("VCPKG_", "X_VCPKG_"), VCPKG_ROOT=copy, VCPKG_FORCE_SYSTEM_BINARIES=1,
+                    VCPKG_DISABLE_METRICS=1, VCPKG_DEFAULT_BINARY_CACHE=cache,
+                    CXX=args.cxx[-1])
+    return copy / "vcpkg", env
+
+
+def vcpkg_consumer(args, tmp, app, env, installed):
+    """Builds and runs tests/consumers/cmake in app with vcpkg's toolchain (the README's CMake
+    line: no build type, so no optimisation either), pinned to C++17 like the Conan consumer."""
+    copy_consumer(app)
+    shutil.copy(HERE / "cmake" / "CMakeLists.txt", app / "CMakeLists.txt")
+    toolchain = pathlib.Path(env["VCPKG_ROOT"]) / "scripts" / "buildsystems" / "vcpkg.cmake"
+    cmake = tool("cmake")
+    out = run([cmake, "-S", ".", "-B", "build", f"-DCMAKE_TOOLCHAIN_FILE={toolchain}",
+               "-DCOHORT_CONSUMER_CXX_STANDARD=17"], cwd=app, env=env)
+    check_found(out, args, within=installed)
+    run([cmake, "--build", "build", "-j", "1"], cwd=app, env=env)
+    check_program_output(run([app / "build" / "consumer"]), args)
+
+
+def vcpkg_overlays(args):
+    source = pathlib.Path(args.source).resolve()
+    return [source / "ports", source / "packaging" / "vcpkg" / "offline-ports"]
+
+
+def route_vcpkg_classic(args, tmp):
+    """README.md, "vcpkg", classic mode: `vcpkg install cohort` with the overlay ports, then a
+    CMake project with vcpkg's toolchain."""
+    vcpkg, env = vcpkg_setup(args, tmp)
+    # No vcpkg.json in tmp or above it: classic mode, installing into the root's installed/.
+    run([vcpkg, "install", "cohort"] + [f"--overlay-ports={p}" for p in vcpkg_overlays(args)],
+        cwd=tmp, env=env)
+    vcpkg_consumer(args, tmp, tmp / "app", env, tmp / "vcpkg-root" / "installed")
+
+
+def route_vcpkg_manifest(args, tmp):
+    """README.md, "vcpkg", manifest mode: vcpkg.json and vcpkg-configuration.json (the overlay
+    ports) beside CMakeLists.txt; vcpkg's toolchain installs cohort while CMake configures."""
+    _, env = vcpkg_setup(args, tmp)
+    app = tmp / "app"
+    app.mkdir()
+    (app / "vcpkg.json").write_text(json.dumps({"dependencies": ["cohort"]}, indent=2) + "\n")
+    (app / "vcpkg-configuration.json").write_text(json.dumps(
+        {"overlay-ports": [str(p) for p in vcpkg_overlays(args)]}, indent=2) + "\n")
+    vcpkg_consumer(args, tmp, app, env, app / "build" / "vcpkg_installed")
 
 
 ROUTES = {
     "cmake": route_cmake,
     "pkg-config": route_pkg_config,
     "meson-subproject": route_meson_subproject,
-    "conan": route_conan,
-    "vcpkg": route_vcpkg,
+    "conan-cmakedeps": route_conan_cmakedeps,
+    "conan-pkgconfigdeps": route_conan_pkgconfigdeps,
+    "vcpkg-classic": route_vcpkg_classic,
+    "vcpkg-manifest": route_vcpkg_manifest,
 }
 
 
