@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(threads_per_block)
 __global__ void __launch_bounds__(threads_per_block)
     sample_kernel(const float* x, std::size_t runs, std::size_t stride, std::uint64_t salt,
                   std::uint32_t* sample) {
-  constexpr std::size_t run = cohort::cuda::detail::top_k_sample_run;
+  constexpr std::size_t run = cohort::cuda::detail::top_k_tuning::sample_run;
   for (std::size_t t = global_thread(); t < runs * run; t += grid_threads()) {
     const std::size_t j = t / run;
     const std::size_t at =
@@ -136,9 +136,9 @@ int plan_layout(std::size_t n, std::size_t k, int method, layout& l) {
   k = k < n ? k : n;
   const bool sampled = method == 1;
   l.sample = at;
-  at += sampled ? round_up(top_k_sample_size(n, k) * sizeof(std::uint32_t)) : 0;
+  at += sampled ? round_up(top_k_tuning::sample_size(n, k) * sizeof(std::uint32_t)) : 0;
   l.candidates = at;
-  at += sampled ? round_up(top_k_candidate_capacity(k) * sizeof(std::uint32_t)) : 0;
+  at += sampled ? round_up(top_k_tuning::candidate_capacity(k) * sizeof(std::uint32_t)) : 0;
   l.temp = at;
   l.temp_bytes = temp;
   at += round_up(temp);
@@ -190,7 +190,7 @@ struct device_backend {
   }
 
   int sample(std::size_t runs, std::size_t stride, std::uint64_t salt) {
-    const std::size_t s = runs * cohort::cuda::detail::top_k_sample_run;
+    const std::size_t s = runs * cohort::cuda::detail::top_k_tuning::sample_run;
     sample_kernel<<<grid_for(s), threads_per_block, 0, stream>>>(x, runs, stride, salt,
                                                                  sample_keys);
     return launched();

@@ -291,12 +291,9 @@ TEST_CASE("the device top-k plan selects what the host codec selects") {
         const std::size_t k = codec.max_entries(n);
         for (bool sampled : {false, true}) {
           // The host codec's payload: m indices (ascending), then m values.
-          // Below 16 floats the host's sampled selection has no whole run to sample (and, as
-          // written now, divides by zero): the plan selects exactly there.
-          const bool no_sample = k < n && m::top_k_sample_size(n, k) < m::top_k_sample_run;
           const auto host = cohort::compress::top_k(
-              ratio, sampled && !no_sample ? cohort::compress::selection::sampled
-                                           : cohort::compress::selection::exact);
+              ratio, sampled ? cohort::compress::selection::sampled
+                             : cohort::compress::selection::exact);
           std::vector<std::uint32_t> payload(2 * k + 2), work(host.workspace_bytes(n) / 4 + 1);
           const std::size_t mw = host.encode(x, std::as_writable_bytes(std::span(payload)),
                                              std::as_writable_bytes(std::span(work)), seed * 31) /
@@ -311,8 +308,8 @@ TEST_CASE("the device top-k plan selects what the host codec selects") {
           REQUIRE(std::equal(b.out.begin(), b.out.end(), want.begin()));
           // Where the host sampled, it left its sample (reordered) at the start of `work`:
           // the same keys as the plan's, so the positions agree, not only the outcome.
-          const std::size_t s = cd::sample_size(n, k) / cd::run * cd::run;
-          if (sampled && k < n && s > 0 && 4 * s <= n) {
+          const std::size_t s = cd::top_k_tuning::sample_length(n, k);
+          if (sampled && k < n && cd::top_k_tuning::sampling_pays(n, s)) {
             std::vector<std::uint32_t> host_sample(work.begin(), work.begin() + s);
             auto mine = b.sample_keys;
             std::sort(host_sample.begin(), host_sample.end());

@@ -146,7 +146,7 @@ struct cpu_top_k {
     return 0;
   }
   int sample(std::size_t runs, std::size_t stride, std::uint64_t salt) {
-    constexpr std::size_t run = m::top_k_sample_run;
+    constexpr std::size_t run = m::top_k_tuning::sample_run;
     sample_keys.resize(runs * run);
     for (std::size_t j = 0; j < runs; ++j) {
       const std::size_t at = j * stride + m::mix64(salt + j) % (stride - run + 1);

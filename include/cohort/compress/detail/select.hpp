@@ -16,6 +16,7 @@
 
 #include <cohort/compress/detail/hash.hpp>
 #include <cohort/compress/detail/simd.hpp>
+#include <cohort/compress/detail/top_k_tuning.hpp>
 
 namespace cohort::compress::detail {
 
@@ -153,21 +154,9 @@ inline std::size_t top_k_exact(const float* x, std::size_t n, std::size_t k, std
       [x](std::size_t i) { return magnitude_key(x[i]); }, out);
 }
 
-/// The sampled selection reads its sample in runs of this many consecutive floats.
-inline constexpr std::size_t run = 16;
-
-/// How many floats the sampled selection samples out of n to find k.
-constexpr std::size_t sample_size(std::size_t n, std::size_t k) noexcept {
-  if (k == 0) return 0;
-  // About 128 expected sample hits above the threshold: a relative spread near 9%.
-  const std::size_t want = std::max<std::size_t>(4096, (128 * n + k - 1) / k);
-  return std::min(n, want);
-}
-/// Candidates the sampled selection keeps room for before it falls back to exact selection.
-constexpr std::size_t candidate_capacity(std::size_t k) noexcept { return 4 * k + 64; }
 /// Workspace (4-byte slots) of the sampled selection: the sample, candidate indices and values.
 constexpr std::size_t sampled_workspace(std::size_t n, std::size_t k) noexcept {
-  return sample_size(n, k) + 2 * candidate_capacity(k);
+  return top_k_tuning::sample_size(n, k) + 2 * top_k_tuning::candidate_capacity(k);
 }
 
 /// What a selection chose: `count` indices (in the caller's array) and, when the selection had
@@ -185,8 +174,10 @@ struct selected {
 /// `sampled_workspace(n, k)` 4-byte slots; the values returned live there.
 inline selected top_k_sampled(const float* x, std::size_t n, std::size_t k, std::uint32_t* out,
                               std::uint32_t* work, std::uint64_t salt) {
-  const std::size_t s = sample_size(n, k) / run * run;
-  if (k == 0 || k >= n || 4 * s > n) return {top_k_exact(x, n, k, out), nullptr};
+  namespace tune = top_k_tuning;
+  constexpr std::size_t run = tune::sample_run;
+  const std::size_t s = tune::sample_length(n, k);
+  if (k == 0 || k >= n || !tune::sampling_pays(n, s)) return {top_k_exact(x, n, k, out), nullptr};
   // Stratified: one run of `run` consecutive floats (a cache line) at a random place in each
   // of s / run equal strata, so that the sample costs one memory access per run.
   const std::size_t runs = s / run, stride = n / runs;
@@ -195,12 +186,10 @@ inline selected top_k_sampled(const float* x, std::size_t n, std::size_t k, std:
     const std::size_t at = j * stride + jitter;
     for (std::size_t i = 0; i < run; ++i) work[j * run + i] = magnitude_key(x[at + i]);
   }
-  // The rank in the sample that matches 1.25k in the whole, at least 1.
-  const double scaled = std::ceil(1.25 * double(k) * double(s) / double(n));
-  const std::size_t want = std::clamp<std::size_t>(static_cast<std::size_t>(scaled), 1, s);
+  const std::size_t want = tune::sample_rank(n, k, s);
   std::nth_element(work, work + (s - want), work + s);
   const std::uint32_t t = work[s - want];
-  const std::size_t cap = candidate_capacity(k);
+  const std::size_t cap = tune::candidate_capacity(k);
   std::uint32_t* cand = work + s;
   float* vals = reinterpret_cast<float*>(cand + cap);
   const std::size_t m = collect_at_least(x, n, t, cand, vals, cap);

@@ -21,7 +21,7 @@
 /// - `b.histogram(src, count, shift, width, prefix, hist)`: fills the host array
 ///   `hist[2^width]` with the counts of `(c >> shift) & (2^width - 1)` over the composites c of
 ///   `src` for which `c >> (shift + width) == prefix`.
-/// - `b.sample(runs, stride, salt)`: sample key `j * top_k_sample_run + i` (i < the run length)
+/// - `b.sample(runs, stride, salt)`: sample key `j * top_k_tuning::sample_run + i` (i < the run length)
 ///   is the key of `x[j * stride + mix64(salt + j) % (stride - run + 1) + i]`, for j < runs:
 ///   one run of consecutive floats at a random place in each of `runs` equal strata.
 /// - `b.count_at_least(key, &m)`: m = the number of i < n with key(x[i]) >= key.
@@ -33,7 +33,7 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
+#include <cohort/compress/detail/top_k_tuning.hpp>
 #include <cstddef>
 #include <cstdint>
 
@@ -50,18 +50,9 @@ inline constexpr radix_digit top_k_digits[6] = {{52, 11}, {41, 11}, {32, 9},
                                                 {21, 11}, {10, 11}, {0, 10}};
 inline constexpr int top_k_max_bins = 2048;
 
-/// The sampled selection reads its sample in runs of this many consecutive floats.
-inline constexpr std::size_t top_k_sample_run = 16;
-
-/// How many keys the sampled selection would like to sample out of n to find k (as the host
-/// codec); it takes the largest multiple of `top_k_sample_run` below.
-constexpr std::size_t top_k_sample_size(std::size_t n, std::size_t k) noexcept {
-  if (k == 0) return 0;
-  const std::size_t want = std::max<std::size_t>(4096, (128 * n + k - 1) / k);
-  return std::min(n, want);
-}
-/// Candidates the sampled selection keeps room for before it falls back to exact selection.
-constexpr std::size_t top_k_candidate_capacity(std::size_t k) noexcept { return 4 * k + 64; }
+/// The numbers of the sampled selection, the host codec's own (sample run and size, the rank
+/// taken in the sample, the candidates' room).
+namespace top_k_tuning = cohort::compress::detail::top_k_tuning;
 
 /// The threshold of the k-th largest element of `src` (1 <= k <= count). With `with_index`,
 /// the composite T such that exactly k composites are >= T; without, the k-th largest key.
@@ -102,22 +93,22 @@ int top_k_radix(Backend& b, top_k_source src, std::size_t count, std::size_t k, 
 template <class Backend>
 int top_k_plan(Backend& b, std::size_t n, std::size_t k, bool sampled, std::uint64_t salt,
                std::size_t* m) {
+  namespace tune = top_k_tuning;
   k = std::min(k, n);
   *m = 0;
   if (k == 0) return 0;
   if (k == n) return b.select(top_k_source::all, n, 0, false, m);
   if (sampled) {
-    const std::size_t s = top_k_sample_size(n, k) / top_k_sample_run * top_k_sample_run;
-    if (s > 0 && !(4 * s > n)) {
-      if (const int e = b.sample(s / top_k_sample_run, n / (s / top_k_sample_run), salt)) return e;
-      const auto scaled =
-          static_cast<std::size_t>(std::ceil(1.25 * double(k) * double(s) / double(n)));
-      const std::size_t want = std::clamp<std::size_t>(scaled, 1, s);
+    const std::size_t s = tune::sample_length(n, k);
+    if (tune::sampling_pays(n, s)) {
+      const std::size_t runs = s / tune::sample_run;
+      if (const int e = b.sample(runs, n / runs, salt)) return e;
+      const std::size_t want = tune::sample_rank(n, k, s);
       std::uint64_t t = 0;
       if (const int e = top_k_radix(b, top_k_source::sample, s, want, false, t)) return e;
       std::size_t c = 0;
       if (const int e = b.count_at_least(static_cast<std::uint32_t>(t), &c)) return e;
-      if (c <= top_k_candidate_capacity(k)) {
+      if (c <= tune::candidate_capacity(k)) {
         std::size_t got = 0;
         if (const int e = b.select(top_k_source::all, n, t << 32, true, &got)) return e;
         if (k >= got) return b.select(top_k_source::candidates, got, 0, false, m);
