@@ -299,6 +299,19 @@ TEST_CASE("top-k sampled falls back to exact selection on flat data") {
   CHECK(payload_indices<float>(bytes) == reference_top_k(x, 1000));
 }
 
+TEST_CASE("top-k sampled on fewer floats than one sample run selects exactly") {
+  // Below 16 floats there is no whole run to sample: the codec selects exactly, as the device.
+  for (std::size_t n : {2u, 5u, 15u, 16u, 63u}) {
+    const auto x = ct::gradient(80 + n, n);
+    const auto codec = cc::top_k(0.3);
+    const std::size_t k = codec.max_entries(n);
+    REQUIRE(k < n);
+    const auto bytes = ct::encode(codec, x, 7);
+    REQUIRE(bytes.size() == k * 8);
+    CHECK(payload_indices<float>(bytes) == reference_top_k(x, k));
+  }
+}
+
 TEST_CASE("top-k | bf16 sends 16-bit values; payload validation") {
   const auto x = ct::gradient(60, 3000);
   const auto codec = cc::top_k(0.05, cc::selection::exact) | cc::bf16;
@@ -315,8 +328,21 @@ TEST_CASE("top-k | bf16 sends 16-bit values; payload validation") {
   auto swapped = bytes;
   std::swap_ranges(swapped.begin(), swapped.begin() + 4, swapped.begin() + 4);
   CHECK_FALSE(codec.valid(swapped, 3000));                                // not increasing
-  CHECK_THROWS_AS(cc::top_k(0.0), std::invalid_argument);
-  CHECK_THROWS_AS(cc::top_k(1.5), std::invalid_argument);
+}
+
+TEST_CASE("top-k rejects a ratio outside (0, 1] with cohort::error, naming the operation") {
+  for (double ratio : {0.0, -0.5, 1.5, std::nan("")}) {
+    INFO("ratio " << ratio);
+    try {
+      (void)cc::top_k(ratio);
+      FAIL("accepted ratio");
+    } catch (const cohort::error& e) {
+      CHECK(e.code() == cohort::errc::invalid_argument);
+      CHECK(e.operation() == "compress::top_k");
+      CHECK(std::string(e.what()).find("ratio must be in (0, 1]") != std::string::npos);
+    }
+  }
+  CHECK_NOTHROW((void)cc::top_k(1.0));
 }
 
 TEST_CASE_TEMPLATE("one ring hop: W(float(partial) + mine), divided before rounding", W,

@@ -27,13 +27,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include <cohort/compress/codec.hpp>
+#include <cohort/core/error.hpp>
 
 namespace cohort::compress {
 
@@ -78,10 +78,13 @@ class error_feedback {
   std::size_t workspace_bytes(std::size_t n) const { return inner_.workspace_bytes(n); }
 
   /// Encodes g + residual with the inner codec and keeps what it dropped. Throws
-  /// `std::invalid_argument` if the residual belongs to a tensor of another size.
+  /// `cohort::error` (`errc::invalid_argument`, operation "error_feedback::encode") if the
+  /// residual belongs to a tensor of another size.
   std::size_t encode(std::span<const float> g, std::span<std::byte> out,
                      std::span<std::byte> work, std::uint64_t salt) {
-    if (!fits(g.size())) throw std::invalid_argument(size_error(g.size()));
+    if (!fits(g.size()))
+      throw error(make_error_code(errc::invalid_argument), "error_feedback::encode", -1,
+                  "error_feedback::encode: " + size_error(g.size()));
     const std::size_t bytes = inner_.encode(correct(g), out, work, salt);
     absorb(inner_, out.first(bytes), 0, g.size());
     return bytes;

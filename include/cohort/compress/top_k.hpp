@@ -21,13 +21,13 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
-#include <stdexcept>
 #include <string>
 
 #include <cohort/compress/cast.hpp>
 #include <cohort/compress/codec.hpp>
 #include <cohort/compress/detail/select.hpp>
 #include <cohort/core/dtype.hpp>
+#include <cohort/core/error.hpp>
 
 namespace cohort::compress {
 
@@ -138,9 +138,12 @@ struct top_k_codec {
 };
 
 /// Top-k with float values: the `ratio` (0 < ratio <= 1) largest magnitudes of each tensor.
-/// Compose with a cast to send the values in 16 bits: `top_k(0.01) | compress::bf16`.
+/// Compose with a cast to send the values in 16 bits: `top_k(0.01) | compress::bf16`. Throws
+/// `cohort::error` (`errc::invalid_argument`, operation "compress::top_k") for another ratio.
 constexpr top_k_codec<float> top_k(double ratio, selection method = selection::sampled) {
-  if (!(ratio > 0.0 && ratio <= 1.0)) throw std::invalid_argument("top_k: ratio must be in (0, 1]");
+  if (!(ratio > 0.0 && ratio <= 1.0))
+    throw error(make_error_code(errc::invalid_argument), "compress::top_k", -1,
+                "compress::top_k: ratio must be in (0, 1]");
   return {ratio, method};
 }
 
