@@ -217,6 +217,48 @@ TEST_CASE("bad arguments are rejected before anything is sent, without poisoning
   });
 }
 
+TEST_CASE("error_code overloads of out-of-place broadcast and in-place reduce: results, bad arguments") {
+  run_collecting(3, [](auto& comm) {
+    const int r = comm.rank();
+    std::vector<float> in(5, 10.0f * static_cast<float>(r + 1)), out(5, -1.0f);
+    std::error_code ec = cohort::errc::aborted;  // overwritten on success
+    cohort::broadcast(comm, in, out, 1, {}, ec);
+    CHECK_FALSE(ec);
+    CHECK(out == std::vector<float>(5, 20.0f));                         // rank 1's input
+    CHECK(in == std::vector<float>(5, 10.0f * static_cast<float>(r + 1)));  // untouched
+    std::vector<int> data(4, r + 1);
+    ec = cohort::errc::aborted;
+    cohort::reduce(comm, data, cohort::ops::sum, 2, {}, ec);
+    CHECK_FALSE(ec);
+    CHECK(data == std::vector<int>(4, r == 2 ? 1 + 2 + 3 : r + 1));  // only the root's changes
+    // Every rank rejects the same bad root alike: nothing sent, nothing poisoned.
+    cohort::broadcast(comm, in, out, 3, {}, ec);
+    CHECK(ec == errc::invalid_argument);
+    cohort::reduce(comm, data, cohort::ops::sum, -1, {}, ec);
+    CHECK(ec == errc::invalid_argument);
+    CHECK_FALSE(comm.poisoned());
+    cohort::barrier(comm);
+  });
+}
+
+TEST_CASE("bad arguments at the root only of an out-of-place broadcast: error_code, none hangs") {
+  std::vector<std::error_code> codes(3);
+  std::vector<bool> poisoned(3);
+  run_collecting(3, [&](auto& comm) {
+    std::vector<float> in(comm.rank() == 0 ? 3 : 0), out(8);
+    std::error_code ec;
+    cohort::broadcast(comm, in, out, 0, {.timeout = 300ms}, ec);
+    codes[comm.rank()] = ec;
+    poisoned[comm.rank()] = comm.poisoned();
+  });
+  CHECK(codes[0] == errc::invalid_argument);  // the root's input is shorter than its output
+  CHECK_FALSE(poisoned[0]);                     // a bad argument does not poison
+  for (int r : {1, 2}) {
+    INFO("rank ", r, ": ", codes[r].message());
+    CHECK((codes[r] == errc::timed_out || codes[r] == errc::peer_lost));
+  }
+}
+
 TEST_CASE("a short output at the root only: the root is told, the others fail, none hangs") {
   auto out = run_collecting(3, [](auto& comm) {
     std::vector<float> in(100), small(comm.rank() == 0 ? 10 : 0);

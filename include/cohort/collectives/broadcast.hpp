@@ -32,6 +32,17 @@ failure broadcast(Comm& comm, const T* in, T* data, std::size_t n, int root,
   return c.result();
 }
 
+// Out of place: the root's input must hold the output's count. Checked before the call starts
+// (no sequence number taken), as the root alone can see it.
+template <communicator Comm, class In, class Out>
+failure broadcast_buffers(Comm& comm, const In& in, Out& out, int root,
+                          const call_options& opts) {
+  if (comm.rank() == root && std::ranges::size(in) < std::ranges::size(out))
+    return {make_error_code(errc::invalid_argument), -1, "broadcast: input shorter than output"};
+  return detail::broadcast(comm, std::ranges::data(in), std::ranges::data(out),
+                           std::ranges::size(out), root, opts);
+}
+
 }  // namespace detail
 
 /// Copies the root's `data` into `data` on every other rank.
@@ -58,11 +69,15 @@ void broadcast(Comm& comm, Data&& data, int root, const call_options& opts, std:
 template <communicator Comm, class In, class Out>
   requires detail::buffer_pair<In, Out>
 void broadcast(Comm& comm, const In& in, Out&& out, int root, const call_options& opts = {}) {
-  const bool short_in = comm.rank() == root && std::ranges::size(in) < std::ranges::size(out);
-  if (short_in)
-    throw error(errc::invalid_argument, "broadcast", -1, "broadcast: input shorter than output");
-  detail::throw_if_failed(detail::broadcast(comm, std::ranges::data(in), std::ranges::data(out),
-                                            std::ranges::size(out), root, opts), "broadcast");
+  detail::throw_if_failed(detail::broadcast_buffers(comm, in, out, root, opts), "broadcast");
+}
+
+/// As above; reports failure through `ec` (details in `comm.last_failure()`).
+template <communicator Comm, class In, class Out>
+  requires detail::buffer_pair<In, Out>
+void broadcast(Comm& comm, const In& in, Out&& out, int root, const call_options& opts,
+               std::error_code& ec) {
+  ec = detail::broadcast_buffers(comm, in, out, root, opts).code;
 }
 
 }  // namespace cohort

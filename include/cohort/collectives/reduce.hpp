@@ -92,4 +92,12 @@ void reduce(Comm& comm, Data&& data, const Op& op, int root, const call_options&
   reduce(comm, std::span(data), std::span(data), op, root, opts);
 }
 
+/// In place, reporting failure through `ec`.
+template <communicator Comm, mutable_buffer Data, class Op>
+  requires reduction_for<Op, buffer_element_t<Data>>
+void reduce(Comm& comm, Data&& data, const Op& op, int root, const call_options& opts,
+            std::error_code& ec) {
+  reduce(comm, std::span(data), std::span(data), op, root, opts, ec);
+}
+
 }  // namespace cohort
