@@ -16,4 +16,5 @@
 #include <cohort/collectives/broadcast.hpp>
 #include <cohort/collectives/reduce.hpp>
 #include <cohort/collectives/reduce_scatter.hpp>
+#include <cohort/training/local_sgd.hpp>
 #include <cohort/transport/loopback.hpp>

@@ -166,6 +166,31 @@ TEST_CASE("a custom bucket reduction (e.g. a compressor) replaces the default") 
   });
 }
 
+TEST_CASE("gradient buckets refuse bad arguments with cohort::error naming the call") {
+  cohort::run_loopback(1, [](cohort::loopback_communicator& comm) {
+    cohort::progress_thread progress(comm);
+    auto g = make_grads(0);
+    const auto invalid_in = [](const std::string& operation, auto fn) {
+      try {
+        fn();
+      } catch (const cohort::error& e) {
+        INFO(e.what());
+        CHECK(std::string(e.what()).rfind(operation + ": ", 0) == 0);
+        return e.code() == cohort::errc::invalid_argument && e.operation() == operation;
+      }
+      return false;
+    };
+    CHECK(invalid_in("gradient_buckets", [&] {
+      cohort::gradient_buckets bad(progress, spans(g), {.accumulate = 0});
+    }));
+    cohort::gradient_buckets buckets(progress, spans(g), {.bucket_bytes = 4000});
+    CHECK(invalid_in("gradient_buckets::ready", [&] { buckets.ready(5); }));
+    buckets.ready(4);
+    buckets.ready(3);  // the bucket {129, 40000} starts; {3, 1000} and {7} never do
+    CHECK(invalid_in("gradient_buckets::finish", [&] { buckets.finish(); }));
+  });
+}
+
 TEST_CASE("local SGD averages parameters every H steps") {
   cohort::run_loopback(4, [](cohort::loopback_communicator& comm) {
     cohort::local_sgd<cohort::loopback_communicator> sgd(3);

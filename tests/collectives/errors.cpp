@@ -8,6 +8,12 @@
 #include <vector>
 
 #include <cohort/cohort.hpp>
+#include <cohort/training/local_sgd.hpp>
+
+// local_sgd is synchronous: nothing on its include path drags Asio in.
+#ifdef BOOST_ASIO_DETAIL_CONFIG_HPP
+#error "cohort/training/local_sgd.hpp (or cohort/cohort.hpp) includes Asio"
+#endif
 
 using namespace std::chrono_literals;
 using cohort::errc;
@@ -311,5 +317,24 @@ TEST_CASE("a commutative user lambda runs on the ring") {
     cohort::all_reduce(comm, v, sum_sq);
     CHECK(v[0] == 10.0);
     CHECK(v[99999] == 10.0);
+  });
+}
+
+TEST_CASE("local SGD needs no Asio; a period below 1 is refused as bad arguments") {
+  try {
+    cohort::local_sgd<cohort::loopback_communicator> never(0);
+    FAIL("period 0 accepted");
+  } catch (const cohort::error& e) {
+    CHECK(e.code() == errc::invalid_argument);
+    CHECK(e.operation() == "local_sgd");
+    CHECK(contains(e.what(), "period 0"));
+  }
+  run_collecting(3, [](auto& comm) {
+    cohort::local_sgd<cohort::loopback_communicator> sgd(2);
+    std::vector<float> params(10, float(comm.rank()));
+    CHECK_FALSE(sgd.after_step(comm, params));
+    CHECK(params[0] == float(comm.rank()));
+    CHECK(sgd.after_step(comm, params));
+    CHECK(params[9] == 1.0f);  // mean of 0, 1, 2
   });
 }

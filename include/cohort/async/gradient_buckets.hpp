@@ -9,12 +9,13 @@
 #include <future>
 #include <optional>
 #include <span>
-#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include <boost/asio/use_future.hpp>
 
 #include <cohort/async/collectives.hpp>
+#include <cohort/core/error.hpp>
 
 namespace cohort {
 
@@ -44,11 +45,13 @@ template <communicator Comm>
 class gradient_buckets {
  public:
   /// Groups `grads` (forward order) into buckets; `p` and the tensors must outlive this.
+  /// Throws `cohort::error` (`errc::invalid_argument`) when `opts.accumulate` < 1.
   gradient_buckets(progress_thread<Comm>& p, std::vector<std::span<float>> grads,
                    bucket_options<Comm> opts = {})
       : progress_(p), grads_(std::move(grads)), opts_(std::move(opts)),
         bucket_of_(grads_.size()) {
-    if (opts_.accumulate < 1) throw std::invalid_argument("gradient_buckets: accumulate < 1");
+    if (opts_.accumulate < 1)
+      invalid("gradient_buckets", "accumulate " + std::to_string(opts_.accumulate) + " < 1");
     if (!opts_.reduce)
       opts_.reduce = [call = opts_.call](Comm& c, std::span<float> b) {
         all_reduce(c, b, ops::avg, call);
@@ -84,10 +87,14 @@ class gradient_buckets {
   /// the last tensor of a bucket starts the bucket's reduction on the progress thread; from
   /// then until `finish` returns, the bucket's tensors belong to it (neither read nor write
   /// them). A bucket whose tensors lie end to end in memory (as layers of one flat gradient
-  /// buffer do) is reduced in place; any other is packed into a copy first.
+  /// buffer do) is reduced in place; any other is packed into a copy first. Throws
+  /// `cohort::error` (`errc::invalid_argument`) for a tensor that was not registered.
   void ready(std::size_t i) {
+    if (i >= grads_.size())
+      invalid("gradient_buckets::ready", "tensor " + std::to_string(i) + " of " +
+                                             std::to_string(grads_.size()) + " registered");
     if (!synchronizing()) return;
-    bucket& b = buckets_.at(bucket_of_.at(i));
+    bucket& b = buckets_[bucket_of_[i]];
     if (++b.ready < b.tensors.size()) return;
     if (!b.flat.empty()) {
       std::size_t offset = 0;
@@ -104,7 +111,9 @@ class gradient_buckets {
 
   /// Ends the micro-batch. On a synchronizing one, waits for every bucket and writes the
   /// means back into the gradients, then returns true; rethrows the first failure. Otherwise
-  /// returns false and leaves the gradients to accumulate.
+  /// returns false and leaves the gradients to accumulate. Throws `cohort::error`
+  /// (`errc::invalid_argument`) when a tensor of a synchronizing micro-batch was never marked
+  /// ready.
   bool finish() {
     const bool sync = synchronizing();
     ++micro_batch_;
@@ -113,7 +122,7 @@ class gradient_buckets {
     const float scale = 1.0f / static_cast<float>(opts_.accumulate);
     for (auto& b : buckets_) {
       if (b.ready != b.tensors.size())
-        throw std::logic_error("gradient_buckets::finish: a tensor was never marked ready");
+        invalid("gradient_buckets::finish", "a tensor was never marked ready");
       b.ready = 0;
       try {
         b.done.get();
@@ -141,6 +150,11 @@ class gradient_buckets {
   std::size_t bytes_reduced() const { return bytes_started_; }
 
  private:
+  [[noreturn]] static void invalid(const char* operation, const std::string& what) {
+    throw error(make_error_code(errc::invalid_argument), operation, -1,
+                std::string(operation) + ": " + what);
+  }
+
   struct bucket {
     std::vector<std::size_t> tensors;  // reverse forward order
     std::size_t flat_size = 0;
@@ -171,27 +185,6 @@ class gradient_buckets {
   std::vector<bucket> buckets_;
   long micro_batch_ = 0;
   std::size_t bytes_started_ = 0;
-};
-
-/// Local SGD: ranks step on their own and average their parameters every `period` steps.
-template <communicator Comm>
-class local_sgd {
- public:
-  /// Averages every `period` (>= 1) steps.
-  explicit local_sgd(int period) : period_(period) {
-    if (period < 1) throw std::invalid_argument("local_sgd: period < 1");
-  }
-  /// Call after each optimizer step; averages `params` across ranks on every `period`-th call
-  /// and returns whether it did.
-  bool after_step(Comm& comm, std::span<float> params, const call_options& opts = {}) {
-    if (++steps_ % period_ != 0) return false;
-    all_reduce(comm, params, ops::avg, opts);
-    return true;
-  }
-
- private:
-  int period_;
-  long steps_ = 0;
 };
 
 }  // namespace cohort
