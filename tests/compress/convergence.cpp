@@ -17,8 +17,8 @@
 #include <cohort/compress/all_reduce.hpp>
 #include <cohort/transport/loopback.hpp>
 
-#include "../../examples/common/digits.hpp"
-#include "../../examples/common/mlp.hpp"
+#include "digits.hpp"  // examples/common, through digits_mlp_dep
+#include "mlp.hpp"
 
 namespace cc = cohort::compress;
 namespace ex = cohort::examples;

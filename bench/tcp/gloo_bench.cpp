@@ -1,4 +1,4 @@
-// Gloo's ring all_reduce over its TCP transport, timed like `tcp_rank bench`, for the
+// Gloo's ring all_reduce over its TCP transport, timed like `tcp_bench all_reduce`, for the
 // comparison in bench/results/tcp.md. Not a test: built only when libgloo-dev is installed.
 //
 // usage: RANK=r WORLD_SIZE=p GLOO_STORE_DIR=dir gloo_bench SIZE... [--budget-ms MS]
@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "../../bench/collectives/measure.hpp"
+#include "../collectives/measure.hpp"
 
 namespace {
 

@@ -5,11 +5,11 @@ that all see the same noise from the neighbours on a shared machine. Every conte
 cohort-bench's method (bench/collectives/measure.hpp): p50 of back-to-back calls, each the
 slowest rank's. Prints, per size, the median over rounds of the p50s with their spread.
 
-    tests/tcp/compare_tcp.py --build build-tcp --ranks 2 --rounds 5 \\
+    bench/tcp/compare_tcp.py --build build --ranks 2 --rounds 5 \\
         --sizes 4,1K,64K,1M,16M,64M [--chrt] [--markdown out.md]
 
-Needs tcp_rank (tests/tcp), cohort-bench-mpi (bench/collectives) and gloo_bench (tests/tcp,
-built when libgloo-dev is installed: ninja -C BUILD tests/tcp/gloo_bench); a missing one is left out.
+Needs tcp_bench (bench/tcp), cohort-bench-mpi (bench/collectives) and gloo_bench (bench/tcp,
+built when libgloo-dev is installed: ninja -C BUILD bench/tcp/gloo_bench); a missing one is left out.
 """
 
 import argparse
@@ -77,7 +77,7 @@ def run_cohort(a, p, sizes, prefix):
                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_RUN_ID=f"cmp{port}")
         return e
 
-    text = run_ranks(lambda r: prefix + [a.tcp_rank, "bench", *map(str, sizes), "--budget-ms", str(a.budget_ms)],
+    text = run_ranks(lambda r: prefix + [a.tcp_bench, "all_reduce", *map(str, sizes), "--budget-ms", str(a.budget_ms)],
                      env, p, 600)
     return parse(text, r"cohort-tcp all_reduce P=\d+ bytes=(\d+) iters=\d+ p50_us=([\d.]+)")
 
@@ -104,7 +104,7 @@ def run_gloo(a, p, sizes, prefix):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--build", default="build-tcp")
+    ap.add_argument("--build", default="build")
     ap.add_argument("--ranks", default="2")
     ap.add_argument("--sizes", default="4,1K,64K,1M,16M,64M")
     ap.add_argument("--rounds", type=int, default=5)
@@ -113,9 +113,9 @@ def main():
     ap.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun")
     ap.add_argument("--markdown", help="also write the table here")
     a = ap.parse_args()
-    a.tcp_rank = os.path.join(a.build, "tests/tcp/tcp_rank")
+    a.tcp_bench = os.path.join(a.build, "bench/tcp/tcp_bench")
     a.mpi = os.path.join(a.build, "bench/collectives/cohort-bench-mpi")
-    a.gloo = os.path.join(a.build, "tests/tcp/gloo_bench")
+    a.gloo = os.path.join(a.build, "bench/tcp/gloo_bench")
     sizes = [size_of(s) for s in a.sizes.split(",")]
     prefix = ["chrt", "-f", "1"] if a.chrt else []
     contenders = [("cohort", run_cohort)]

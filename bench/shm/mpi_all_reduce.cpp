@@ -1,7 +1,7 @@
 // The Open MPI side of the shm comparison: MPI_Allreduce (float sum) timed exactly as
 // bench_all_reduce.cpp times cohort. Build and run by hand:
 //
-//   mpicxx -O2 tests/shm/mpi_all_reduce.cpp -o /tmp/mpi_all_reduce
+//   mpicxx -O2 bench/shm/mpi_all_reduce.cpp -o /tmp/mpi_all_reduce
 //   mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml ob1 --mca btl self,vader
 //          /tmp/mpi_all_reduce [--sizes 4,1024,...] [--reps 7]
 #define OMPI_SKIP_MPICXX 1  // the C API only: the C++ bindings warn under -Wextra
