@@ -1,6 +1,6 @@
 /// @file
 /// The TCP transport: ranks on any hosts, one socket per pair of ranks, set up with Boost.Asio
-/// and driven on the calling thread.
+/// and driven on the calling thread (no Asio on the data path).
 ///
 /// ```cpp
 /// auto comm = cohort::make_tcp_communicator(cohort::launch_info_from_env());
@@ -52,34 +52,36 @@
 ///   directory's permissions.
 /// The ranks' own handshakes carry the token in clear text, so it is no protection against
 /// someone who can read the network between the ranks: use a network you trust (or a VPN).
+///
+/// Compile cost. Only the setup uses Asio (detail/tcp_setup.hpp, detail/tcp_connect.hpp),
+/// and this header includes it last. With COHORT_SEPARATE_COMPILATION defined (in every
+/// translation unit) this header only declares the setup and includes no Boost header; one
+/// translation unit includes <cohort/impl/src.hpp>, which compiles it (see
+/// <cohort/detail/config.hpp>; the figures are in bench/results/compile_time.md). The stores
+/// (`tcp_store`, `file_store`) then come from their own headers in rendezvous/.
 #pragma once
 
-#include <cstdlib>
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
-#include <thread>
 #include <utility>
 
 #include <cohort/core/communicator.hpp>
 #include <cohort/core/concepts.hpp>
 #include <cohort/core/error.hpp>
+#include <cohort/core/options.hpp>
+#include <cohort/detail/config.hpp>
 #include <cohort/launch/env.hpp>
-#include <cohort/rendezvous/file_store.hpp>
 #include <cohort/rendezvous/store.hpp>
-#include <cohort/rendezvous/tcp_store.hpp>
-#include <cohort/transport/detail/tcp_connect.hpp>
 #include <cohort/transport/detail/tcp_engine.hpp>
-#if defined(COHORT_WITH_HIREDIS)
-#include <cohort/rendezvous/redis_store.hpp>
-#endif
 
 namespace cohort {
+
+class tcp_store_server;  // rendezvous/tcp_store_server.hpp, which the setup includes
 
 /// Which IP family the transport listens and connects with.
 enum class tcp_family { any, v4, v6 };
@@ -112,13 +114,15 @@ class tcp_transport {
   /// Sets up rank `info.rank` of `info.size` through store `s` (see the file comment); rank 0
   /// does not host anything here. Throws `cohort::error` (timed_out naming the ranks that never
   /// arrived, protocol_error, invalid_argument...).
-  tcp_transport(const launch_info& info, store& s, tcp_options opts = {}) {
-    setup(info, s, std::move(opts));
-  }
+  COHORT_DECL tcp_transport(const launch_info& info, store& s, tcp_options opts = {});
 
   /// As above, with the store that `opts.store`, COHORT_STORE or MASTER_ADDR:MASTER_PORT name;
   /// rank 0 hosts it when it is a TCP store.
-  explicit tcp_transport(const launch_info& info, tcp_options opts = {});
+  COHORT_DECL explicit tcp_transport(const launch_info& info, tcp_options opts = {});
+
+  COHORT_DECL tcp_transport(tcp_transport&&) noexcept;
+  COHORT_DECL tcp_transport& operator=(tcp_transport&&) noexcept;
+  COHORT_DECL ~tcp_transport();
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
@@ -159,7 +163,7 @@ class tcp_transport {
   }
 
  private:
-  void setup(const launch_info& info, store& s, tcp_options opts);
+  COHORT_DECL void setup(const launch_info& info, store& s, tcp_options opts);
 
   int rank_ = 0, size_ = 1;
   std::unique_ptr<tcp_store_server> server_;  // rank 0, when it hosts the store
@@ -184,4 +188,6 @@ inline tcp_communicator make_tcp_communicator(const launch_info& info, store& s,
 
 }  // namespace cohort
 
+#if !defined(COHORT_SEPARATE_COMPILATION)
 #include <cohort/transport/detail/tcp_setup.hpp>
+#endif

@@ -47,7 +47,7 @@
 
 #include <cohort/core/error.hpp>
 #include <cohort/core/options.hpp>
-#include <cohort/detail/net/socket.hpp>
+#include <cohort/detail/net/unique_fd.hpp>
 #include <cohort/transport/detail/fifo.hpp>
 #include <cohort/transport/detail/tcp_wire.hpp>
 

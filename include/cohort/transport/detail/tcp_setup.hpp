@@ -1,17 +1,34 @@
 /// @file
 /// The setup of `tcp_transport`: options from the environment, the store, the token, the
-/// listening address, the mesh. Included at the end of tcp.hpp.
+/// listening address, the mesh (with Asio, in tcp_connect.hpp). Included at the end of tcp.hpp,
+/// or, under COHORT_SEPARATE_COMPILATION, only by <cohort/impl/src.hpp>: the members defined
+/// here are COHORT_DECL (inline, or compiled in that one translation unit).
 #pragma once
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <utility>
 
+#include <cohort/detail/net/socket.hpp>
+#include <cohort/rendezvous/file_store.hpp>
+#include <cohort/rendezvous/store.hpp>
+#include <cohort/rendezvous/tcp_store.hpp>
+#include <cohort/rendezvous/tcp_store_server.hpp>
+#include <cohort/transport/detail/tcp_connect.hpp>
+#include <cohort/transport/detail/tcp_net.hpp>
+#include <cohort/transport/detail/tcp_wire.hpp>
 #include <cohort/transport/tcp.hpp>
+#if defined(COHORT_WITH_HIREDIS)
+#include <cohort/rendezvous/redis_store.hpp>
+#endif
 
 namespace cohort::detail::tcp {
 
@@ -94,7 +111,16 @@ inline std::string store_host(const std::string& spec) {
 
 namespace cohort {
 
-inline tcp_transport::tcp_transport(const launch_info& info, tcp_options opts) {
+// Out of line (as are the constructors) because `server_` needs the whole tcp_store_server.
+COHORT_DECL tcp_transport::tcp_transport(tcp_transport&&) noexcept = default;
+COHORT_DECL tcp_transport& tcp_transport::operator=(tcp_transport&&) noexcept = default;
+COHORT_DECL tcp_transport::~tcp_transport() = default;
+
+COHORT_DECL tcp_transport::tcp_transport(const launch_info& info, store& s, tcp_options opts) {
+  setup(info, s, std::move(opts));
+}
+
+COHORT_DECL tcp_transport::tcp_transport(const launch_info& info, tcp_options opts) {
   rank_ = info.rank;
   size_ = info.size;
   if (info.size == 1) return;
@@ -169,7 +195,7 @@ inline tcp_transport::tcp_transport(const launch_info& info, tcp_options opts) {
   setup(info, *s, std::move(opts));
 }
 
-inline void tcp_transport::setup(const launch_info& info, store& s, tcp_options opts) {
+COHORT_DECL void tcp_transport::setup(const launch_info& info, store& s, tcp_options opts) {
   rank_ = info.rank;
   size_ = info.size;
   if (size_ == 1) return;
