@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Checks that cohort's layers point one way.
+
+1. From the #include lines, transitively: a store never reaches into a transport, the shared
+   net layer and the launcher reach neither, and core reaches nothing above it.
+2. With the real compiler (-E -H, so every #if is decided as a user's build decides it): the
+   headers a user of the umbrella, of shm, of the stores, or of tcp under
+   COHORT_SEPARATE_COMPILATION includes pull in no Boost header.
+
+Each failure names the include chain. Usage: check_layers.py INCLUDE_DIR -- CXX [ARGS...]
+"""
+import pathlib
+import subprocess
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from include_graph import IncludeGraph  # noqa: E402
+
+# (headers under this folder, may not reach headers under any of these)
+RULES = [
+    ("cohort/rendezvous/", ["cohort/transport/", "cohort/collectives/", "cohort/async"]),
+    ("cohort/detail/net/", ["cohort/rendezvous/", "cohort/transport/", "cohort/launch/"]),
+    ("cohort/launch/", ["cohort/rendezvous/", "cohort/transport/", "cohort/collectives/"]),
+    ("cohort/core/", ["cohort/collectives/", "cohort/transport/", "cohort/rendezvous/",
+                      "cohort/compress/", "cohort/async", "cohort/launch/"]),
+]
+
+# (header, extra flags): what a user includes that must not bring Boost along
+BOOST_FREE = [
+    ("cohort/cohort.hpp", []),
+    ("cohort/transport/shm.hpp", []),
+    ("cohort/rendezvous/tcp_store.hpp", []),
+    ("cohort/rendezvous/file_store.hpp", []),
+    ("cohort/transport/tcp.hpp", ["-DCOHORT_SEPARATE_COMPILATION"]),
+]
+
+
+def check_rules(root):
+    graph = IncludeGraph(root)
+    problems = []
+    for folder, banned in RULES:
+        for path in sorted((root / folder).rglob("*.hpp")):
+            rel = path.relative_to(root).as_posix()
+            chain = graph.chain_to(rel, lambda h: any(h.startswith(b) for b in banned))
+            if chain:
+                problems.append("%s reaches %s: %s" % (folder, chain[-1], " -> ".join(chain)))
+    return problems
+
+
+def boost_chain(cxx, root, header, flags):
+    """The include chain to the first Boost header `header` pulls in, from the compiler's -H."""
+    proc = subprocess.run(cxx + ["-std=c++20", "-I", str(root)] + flags +
+                          ["-E", "-H", "-x", "c++", "-o", "/dev/null", "-"],
+                          input="#include <%s>\n" % header, text=True,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if proc.returncode != 0:
+        return ["(it does not even preprocess: %s)" % proc.stderr.strip()[-2000:]]
+    stack = []
+    for line in proc.stderr.splitlines():
+        dots, _, path = line.partition(" ")
+        if not dots or set(dots) != {"."}:
+            continue
+        depth = len(dots)
+        del stack[depth - 1:]
+        try:  # cohort's own headers relative to the include directory, the rest as found
+            path = pathlib.Path(path).resolve().relative_to(root).as_posix()
+        except ValueError:
+            pass
+        stack.append(path)
+        if "/boost/" in path or path.startswith("boost/"):
+            return stack
+    return None
+
+
+def main():
+    args = sys.argv[1:]
+    root = pathlib.Path(args[0]).resolve()
+    cxx = args[args.index("--") + 1:]
+    problems = check_rules(root)
+    for header, flags in BOOST_FREE:
+        chain = boost_chain(cxx, root, header, flags)
+        if chain:
+            problems.append("%s%s pulls in Boost: %s" % (
+                header, (" with " + " ".join(flags)) if flags else "",
+                " -> ".join(chain)))
+    for p in problems:
+        print("FAIL " + p)
+    if not problems:
+        print("layers point one way: %d rules hold; %d headers parse no Boost header" %
+              (len(RULES), len(BOOST_FREE)))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
