@@ -338,3 +338,35 @@ TEST_CASE("local SGD needs no Asio; a period below 1 is refused as bad arguments
     CHECK(params[9] == 1.0f);  // mean of 0, 1, 2
   });
 }
+
+TEST_CASE("a deadline that is not positive (set_timeout(0ms), .timeout = -5ms) is "
+          "errc::invalid_argument, not a call that fails at once or a silent default") {
+  // set_timeout(0ms) used to be taken: the rank that waits failed at once, the other succeeded.
+  auto out = run_collecting(2, [](auto& comm) {
+    for (auto bad : {0ms, -5ms}) {
+      try {
+        comm.set_timeout(bad);
+        FAIL("set_timeout(" << bad.count() << "ms) was accepted");
+      } catch (const cohort::error& e) {
+        CHECK(e.code() == errc::invalid_argument);
+        CHECK(contains(e.what(), "positive"));
+      }
+    }
+    CHECK(comm.timeout() == cohort::default_timeout);
+    comm.set_timeout(5s);
+    // A negative call timeout used to mean the default; now every rank rejects it before
+    // anything is sent, and the communicator stays healthy.
+    std::vector<float> v(16, 1.0f);
+    std::error_code ec;
+    cohort::all_reduce(comm, v, cohort::ops::sum, {.timeout = -5ms}, ec);
+    CHECK(ec == errc::invalid_argument);
+    CHECK(!comm.poisoned());
+    CHECK_THROWS_AS(cohort::barrier(comm, {.timeout = -1ms}), cohort::error);
+    cohort::all_reduce(comm, v, cohort::ops::sum, {.timeout = 0ms});  // the default
+    CHECK(v[0] == 2.0f);
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank ", r, ": ", out[r].what);
+    CHECK(!out[r].threw);
+  }
+}

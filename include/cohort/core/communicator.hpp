@@ -69,8 +69,16 @@ class basic_communicator {
 
   /// The deadline each call gets unless its options say otherwise (30 s to start).
   std::chrono::milliseconds timeout() const { return timeout_; }
-  /// Sets the default per-call deadline; must be positive.
-  void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+  /// Sets the default per-call deadline. Throws `cohort::error` (`errc::invalid_argument`,
+  /// operation "set_timeout") unless `t` is positive: a zero deadline would fail a waiting
+  /// rank at once while a rank that need not wait succeeds.
+  void set_timeout(std::chrono::milliseconds t) {
+    if (t.count() <= 0)
+      throw error(errc::invalid_argument, "set_timeout", -1,
+                  "set_timeout: the timeout must be positive, not " + std::to_string(t.count()) +
+                      " ms");
+    timeout_ = t;
+  }
 
   /// The first failure, or null while the communicator is healthy.
   const failure* last_failure() const { return failure_ ? &*failure_ : nullptr; }

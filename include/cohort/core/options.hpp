@@ -17,7 +17,8 @@ inline constexpr std::chrono::milliseconds default_timeout{30'000};
 
 /// Options every collective takes; designated initializers read best: `{.timeout = 5s}`.
 struct call_options {
-  /// How long the whole call may take; zero means the communicator's default.
+  /// How long the whole call may take; zero means the communicator's default. A negative
+  /// timeout is a bad argument: the call fails with `errc::invalid_argument`.
   std::chrono::milliseconds timeout{0};
 };
 

@@ -3,6 +3,7 @@
 /// turn transport errors into failures that name the operation and the peer.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -77,7 +78,7 @@ class call {
   call(Comm& comm, collective kind, const call_options& opts)
       : comm_(comm), kind_(kind), sequence_(comm.next_sequence()),
         until_(clock::now() + (opts.timeout.count() > 0 ? opts.timeout : comm.timeout())),
-        rank_(comm.rank()), size_(comm.size()) {
+        rank_(comm.rank()), size_(comm.size()), timeout_(opts.timeout) {
     header_.kind = static_cast<std::uint8_t>(kind);
     header_.sequence = sequence_;
   }
@@ -110,6 +111,9 @@ class call {
   /// Fails at once if poisoned; otherwise posts this rank's header to the right and the
   /// receive of the left neighbour's. Post the first data sends, then `check_header()`.
   bool start() {
+    if (timeout_.count() < 0)
+      return invalid("the call's timeout is " + std::to_string(timeout_.count()) +
+                     " ms; it must be positive, or zero for the communicator's default");
     if (const failure* f = comm_.last_failure()) {
       result_ = {make_error_code(errc::poisoned), f->peer,
                  prefix() + "the communicator failed earlier and must be rebuilt: " + f->what};
@@ -180,6 +184,7 @@ class call {
   std::uint64_t sequence_;
   deadline until_;
   int rank_, size_;
+  std::chrono::milliseconds timeout_;
   call_header header_{}, theirs_{};
   request header_send_{}, header_recv_{};
   bool checked_ = false;
