@@ -31,7 +31,9 @@
 /// that code and whose `remote_failure()` returns it.
 ///
 /// **The segment.** One per job, named "/cohort-<job_id>"; the first rank creates it
-/// (`O_EXCL`), the others open it and wait for its ready word; the last rank to map it unlinks
+/// (`O_EXCL`, mode 0600), the others open it, refuse it unless it is their user's and closed
+/// to others (job ids are predictable: another user could make it first and so read and change
+/// the job's data), and wait for its ready word; the last rank to map it unlinks
 /// the name, so once the constructor returns nothing of the job is left in /dev/shm, whatever
 /// happens next. A segment left by a job that died while connecting is recognised and
 /// replaced: one whose creator died before it was ready (the creator holds a lock on it until
@@ -97,8 +99,10 @@ class shm_transport {
   /// joined. Throws `cohort::error` (operation "shm_transport"): `errc::invalid_argument` for
   /// a job id that is not 1-128 of [A-Za-z0-9_.-], a rank outside [0, size), options out of
   /// range, a rank another live process already took, or a segment of another shape;
-  /// `errc::timed_out` after `connect_timeout`, naming the ranks that never came; a system
-  /// error code when the system refuses (e.g. /dev/shm full).
+  /// `errc::timed_out` after `connect_timeout`, naming the ranks that never came;
+  /// `std::errc::permission_denied` for a segment of this job id that another user made, or
+  /// that others may open (naming its path, owner and mode); a system error code when the
+  /// system refuses (e.g. /dev/shm full).
   shm_transport(std::string_view job_id, int rank, int size, shm_options opts = {}) {
     const auto bad = [&](const std::string& what) {
       return error(errc::invalid_argument, "shm_transport", -1, "shm_transport: " + what);

@@ -10,9 +10,11 @@
 ///     ring controls    per ordered pair (from, to): head and tail
 ///     ring data        per ordered pair: `ring_bytes` bytes of records
 ///
-/// Joining: every rank tries `shm_open(O_CREAT | O_EXCL)`; the one that wins locks the object
-/// (`flock`), sizes and initializes it, stores the ready word and lets the lock go; the others
-/// open it and wait for the ready word. Each rank claims its slot (compare-and-swap of its pid)
+/// Joining: every rank tries `shm_open(O_CREAT | O_EXCL)` with mode 0600; the one that wins
+/// locks the object (`flock`), sizes and initializes it, stores the ready word and lets the
+/// lock go; the others open it, refuse it unless it is their own user's with mode 0600 (another
+/// user who made it first could read and change the job's data: see `trusted`), and wait for
+/// the ready word. Each rank claims its slot (compare-and-swap of its pid)
 /// and counts itself in; the last one decides that the job connected, unlinks the name and
 /// wakes the others. So the name exists only while a job is connecting: after that, a crash
 /// leaves nothing in /dev/shm.
@@ -33,6 +35,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -284,6 +287,32 @@ inline int try_lock(int fd) noexcept {
   return 1;
 }
 
+/// Where the object named `name` shows on the file system (Linux): "/dev/shm/cohort-<job>".
+inline std::string object_path(const std::string& name) { return "/dev/shm" + name; }
+
+/// True when the object open as `fd` can only have been made by a rank of this job: a regular
+/// object of this process's effective user that no other user may open (mode 0600 or
+/// narrower), as every creator makes it. Ranks of one job run as one user; another user could
+/// only have made the object to take the job over (the job id is predictable) and keeps it
+/// writable. Otherwise `why` says what was found.
+inline bool trusted(int fd, const std::string& name, std::string& why) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    why = "cannot fstat the shared-memory object: " + std::string(std::strerror(errno));
+    return false;
+  }
+  const uid_t self = ::geteuid();
+  if (S_ISREG(st.st_mode) && st.st_uid == self && (st.st_mode & 077) == 0) return true;
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+  why = "refusing " + object_path(name) + ", which belongs to uid " + std::to_string(st.st_uid) + " with mode " +
+         mode + "; this rank runs as uid " + std::to_string(self) +
+         " and a rank of this job makes it with mode 0600. Another user may have made it to "
+         "take the job over: do not join it. Remove it (if no job of this id runs) or pick "
+         "another job id";
+  return false;
+}
+
 /// One attempt: opens or creates the object, maps it, claims the slot of `rank` and waits for
 /// every rank. Returns `retry` when a stale segment was found (and unlinked), the job was given
 /// up (`note` says why) or the name vanished; throws `cohort::error` otherwise.
@@ -314,9 +343,16 @@ inline join_result try_join(segment& seg, const std::string& job, int rank, int 
     seg.identify(fd);
     ::close(fd);  // lets the lock go
   } else if (errno == EEXIST) {
-    fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+    fd = ::shm_open(name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
     if (fd < 0 && errno == ENOENT) return join_result::retry;  // unlinked meanwhile
     if (fd < 0) throw system_connect_error("shm_open", name, job);
+    // Before anything of it is read or mapped: an object a rank of this job did not make is
+    // refused, lest another user who guessed the job id (and made it first) see and change
+    // what the ranks send.
+    if (std::string why; !trusted(fd, name, why)) {
+      ::close(fd);
+      throw connect_error(std::make_error_code(std::errc::permission_denied), -1, job, why);
+    }
     // Wait for the creator to size and initialize it. The lock is tried first, so that what is
     // seen while holding it cannot change any more: not ready then means the creator died.
     for (;;) {
