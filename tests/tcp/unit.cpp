@@ -4,6 +4,7 @@
 #include "../support.hpp"
 
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -567,6 +568,72 @@ TEST_CASE("file store: set, get, add, wait with deadlines") {
     });
   for (auto& t : ts) t.join();
   CHECK(a.try_get("counter") == std::optional<std::string>("100"));
+}
+
+TEST_CASE("file store: a directory it makes is 0700 and its keys 0600; one others may write, or "
+          "another user's, is refused; a job without a token leaves no key behind") {
+  temp_dir d;
+  const auto mode_of = [](const std::string& path) {
+    struct stat st {};
+    REQUIRE(::stat(path.c_str(), &st) == 0);
+    return st.st_mode & 07777;
+  };
+  const mode_t old = ::umask(0);  // the modes must not depend on the umask
+  {
+    cohort::file_store s(d.path + "/made/here");
+    s.set("cohort/job/token", "secret");
+    s.add("n", 1);
+    CHECK(mode_of(d.path + "/made/here") == 0700);
+    CHECK(mode_of(d.path + "/made/here/cohort%2Fjob%2Ftoken") == 0600);
+    CHECK(mode_of(d.path + "/made/here/n") == 0600);
+    CHECK(mode_of(d.path + "/made/here/n.lock") == 0600);
+    s.remove("n");
+    s.remove("absent");
+    CHECK(!std::filesystem::exists(d.path + "/made/here/n"));
+    CHECK(!std::filesystem::exists(d.path + "/made/here/n.lock"));
+  }
+  ::umask(old);
+  for (mode_t wide : {mode_t{0777}, mode_t{0770}, mode_t{01777}}) {
+    const std::string dir = d.path + "/wide" + std::to_string(wide);
+    REQUIRE(::mkdir(dir.c_str(), 0700) == 0);
+    REQUIRE(::chmod(dir.c_str(), wide) == 0);
+    try {
+      cohort::file_store s(dir);
+      FAIL("a directory of mode " << wide << " was taken");
+    } catch (const cohort::error& e) {
+      CHECK(e.code() == std::errc::permission_denied);
+      CHECK(std::string(e.what()).find(dir) != std::string::npos);
+    }
+  }
+  if (::geteuid() == 0) {  // another user's directory, closed to everyone else
+    const std::string dir = d.path + "/theirs";
+    REQUIRE(::mkdir(dir.c_str(), 0700) == 0);
+    REQUIRE(::chown(dir.c_str(), 65534, 65534) == 0);
+    try {
+      cohort::file_store s(dir);
+      FAIL("another user's directory was taken");
+    } catch (const cohort::error& e) {
+      CHECK(e.code() == std::errc::permission_denied);
+      CHECK(std::string(e.what()).find("uid 65534") != std::string::npos);
+    }
+  }
+  // Without a token rank 0 puts one in the store; once the job connected no rank's key is left.
+  const std::string dir = d.path + "/job";
+  for (int p : {2, 3}) {
+    CHECK_NOTHROW(run_tcp(
+        p, unique_job("keys"), loopback_options(),
+        [&](int) { return std::make_unique<cohort::file_store>(dir); },
+        [&](auto& comm) {
+          std::vector<float> v(100, 1.0f);
+          cohort::all_reduce(comm, v, cohort::ops::sum);
+          CHECK(v[0] == static_cast<float>(p));
+        }));
+    std::vector<std::string> left;
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+      left.push_back(e.path().filename().string());
+    INFO("left in the store: ", left.size() ? left.front() : std::string());
+    CHECK(left.empty());
+  }
 }
 
 #if defined(COHORT_WITH_HIREDIS)

@@ -4,7 +4,13 @@
 /// Each key is a file; `set` writes a temporary file and renames it over the key, so readers
 /// see the old value or the new one, never half of one. `add` holds an `flock` on a lock file
 /// per key (local file systems and NFSv4 honour it). Waits poll with backoff from 1 ms to 20 ms.
-/// Give each job its own directory (or its own key prefix): keys are never deleted.
+/// Give each job its own directory (or its own key prefix). Keys stay until `remove`d; the TCP
+/// setup removes the keys each rank wrote (the job's token among them) once the job connected.
+///
+/// The keys may hold a job's secret, so only this user may read or change them: a directory the
+/// store makes is 0700 and key files are 0600; a directory that exists already must belong to
+/// this user and be closed to others' writes (else another user could put in keys first, such
+/// as a token or an address of their choosing), or the store refuses it, naming it.
 #pragma once
 
 #include <fcntl.h>
@@ -18,6 +24,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <optional>
 #include <span>
@@ -36,21 +43,53 @@ namespace cohort {
 /// A store in a directory; models `store`. Safe across processes and hosts sharing the directory.
 class file_store final : public store {
  public:
-  /// Uses `directory`, creating it (and its parents) when missing; throws `cohort::error` if it
-  /// cannot.
+  /// Uses `directory`, creating it (mode 0700; its parents as usual) when missing. Throws
+  /// `cohort::error`: a system code if it cannot, `std::errc::permission_denied` for a directory
+  /// of another user or one that others may write to.
   explicit file_store(std::string directory) : dir_(std::move(directory)) {
     std::error_code ec;
-    std::filesystem::create_directories(dir_, ec);
-    if (!std::filesystem::is_directory(dir_))
+    while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
+    const std::filesystem::path parent = std::filesystem::path(dir_).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    if (::mkdir(dir_.c_str(), 0700) != 0 && errno != EEXIST)
+      ec = std::error_code(errno, std::generic_category());
+    struct stat st {};
+    if (::stat(dir_.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
       throw error(ec ? ec : make_error_code(errc::invalid_argument), "file_store", -1,
                   "file_store: cannot use \"" + dir_ + "\" as a directory" +
                       (ec ? ": " + ec.message() : ""));
+    if (st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) {
+      char mode[8];
+      std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+      throw error(std::make_error_code(std::errc::permission_denied), "file_store", -1,
+                  "file_store: refusing the directory " + dir_ + " (uid " +
+                      std::to_string(st.st_uid) + ", mode " + mode +
+                      "): its keys may hold the job's secret, so it must belong to this user (uid " +
+                      std::to_string(::geteuid()) +
+                      ") and others must not write to it; use a directory of your own with mode "
+                      "0700 (or one that does not exist yet)");
+    }
   }
 
   /// The directory.
   const std::string& directory() const noexcept { return dir_; }
 
   std::string describe() const override { return "the file store in " + dir_; }
+
+  /// Removes `key` (and its lock file, if `add` made one); absent keys are fine.
+  void remove(std::string_view key, std::error_code& ec) {
+    ec.clear();
+    std::string path;
+    if (!path_of(key, path, ec)) return;
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+      return sys_fail(ec, "cannot remove " + path);
+    ::unlink((path + ".lock").c_str());
+  }
+  void remove(std::string_view key) {
+    std::error_code ec;
+    remove(key, ec);
+    if (ec) throw error(ec, "store.remove", -1, "store.remove: " + last_error());
+  }
 
  protected:
   void do_set(std::string_view key, std::string_view value, std::error_code& ec) override {
@@ -68,7 +107,7 @@ class file_store final : public store {
   std::int64_t do_add(std::string_view key, std::int64_t n, std::error_code& ec) override {
     std::string path;
     if (!path_of(key, path, ec)) return 0;
-    const int lock = ::open((path + ".lock").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+    const int lock = ::open((path + ".lock").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
     if (lock < 0) return sys_fail(ec, "add: cannot open the lock file of " + path), 0;
     const auto until = clock::now() + std::chrono::seconds(30);
     while (::flock(lock, LOCK_EX | LOCK_NB) != 0) {
@@ -162,7 +201,7 @@ class file_store final : public store {
     const std::string tmp = dir_ + "/.tmp." + std::to_string(::getpid()) + "." +
                             std::to_string(counter++) + "." +
                             std::to_string(clock::now().time_since_epoch().count());
-    const int fd = ::open(tmp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
+    const int fd = ::open(tmp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
     if (fd < 0) return sys_fail(ec, "cannot create " + tmp);
     std::size_t done = 0;
     while (done < value.size()) {

@@ -245,6 +245,14 @@ COHORT_DECL void tcp_transport::setup(const launch_info& info, store& s, tcp_opt
   auto m = detail::tcp::connect_mesh(cfg, s);
   if (m.error.code) fail(m.error.code, m.error.peer, m.error.what);
   if (auto* t = dynamic_cast<tcp_store*>(&s)) t->disconnect();  // the store is not needed any more
+  // A file store keeps keys after the job: take this rank's off (the token first). Every peer
+  // has read them by now: each one handshook with this rank, which it does only after reading
+  // every address it needs, and with the token.
+  if (auto* f = dynamic_cast<file_store*>(&s)) {
+    std::error_code ig;
+    if (opts.token.empty() && rank_ == 0) f->remove(cfg.prefix + "token", ig);
+    f->remove(cfg.prefix + "addr/" + std::to_string(rank_), ig);
+  }
   detail::tcp::engine_options eo;
   eo.spin = opts.spin;
   eo.log = opts.log;
