@@ -13,7 +13,6 @@
 #include <cassert>
 #include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -26,6 +25,7 @@
 #include <cohort/core/communicator.hpp>
 #include <cohort/core/concepts.hpp>
 #include <cohort/core/error.hpp>
+#include <cohort/transport/detail/fifo.hpp>
 
 namespace cohort {
 
@@ -39,7 +39,7 @@ struct pending_send {
 // The byte stream from one rank to another: the sends waiting to be taken.
 struct channel {
   std::mutex m;
-  std::deque<pending_send> sends;
+  fifo<pending_send> sends;
   std::size_t head_taken = 0;           // bytes of sends.front() already taken
   std::atomic<std::uint64_t> taken{0};  // bytes taken since the start, ever growing
   std::atomic<bool> viewing{false};     // the receiver holds a view of sends.front()
@@ -286,7 +286,7 @@ class loopback_transport {
 
   std::shared_ptr<loopback_world> world_;
   int rank_;
-  std::vector<std::deque<posted_recv>> posted_;  // receives posted here, per source
+  std::vector<detail::fifo<posted_recv>> posted_;  // receives posted here, per source
   std::size_t posted_count_ = 0;
   std::vector<std::uint64_t> recv_end_;  // bytes posted for receiving, per source
   std::vector<std::uint64_t> send_end_;  // bytes posted for sending, per destination

@@ -1,5 +1,5 @@
 /// @file
-/// The queue of posted operations that every transport engine keeps per peer (the shm and TCP
+/// The queue of posted operations that every transport keeps per peer (loopback, shm and TCP
 /// engines): first in, first out, with no allocation once warm.
 ///
 /// A ring on a power-of-two vector that only grows, so its memory is bounded by the most
