@@ -25,8 +25,8 @@
 #include <string_view>
 #include <vector>
 
-#include "../../tests/faults/process.hpp"
-#include "../../tests/collectives/suite.hpp"
+#include "process.hpp"
+#include "../collectives/suite.hpp"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define COHORT_SOAK_SANITIZED 1
