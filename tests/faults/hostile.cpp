@@ -222,3 +222,65 @@ TEST_CASE("hostile: an shm segment of this user that others may open is refused;
     CHECK(cf::shm_names(job).empty());
   }
 }
+
+TEST_CASE("hostile: a client that fills the tcp store (its buffers and its map) is refused past "
+          "the map's limit, and the server's memory comes back once the keys are emptied") {
+  // A client of the server's own user gets in without a token: what it stores, the server
+  // holds. Filling the buffers to their cap (256 MiB) and the map beyond it used to take the
+  // server from a few MB to about 290 MB, for good.
+  cohort::tcp_store_server server("127.0.0.1", 0, {.log = [](std::string_view) {}});
+  const int port = server.port();
+  std::this_thread::sleep_for(50ms);
+  const long before = cf::rss_kib();
+  constexpr int clients = 16, rounds = 3;
+  cf::report_board board(clients);
+  const pid_t child = cf::spawn(0, [&](int) {
+    std::vector<std::thread> ts;
+    for (int i = 0; i < clients; ++i)
+      ts.emplace_back([&, i] {
+        cf::rank_report& rep = board[i];
+        cohort::tcp_store s("127.0.0.1", port, {.token = {}, .timeout = 60s});
+        const std::string key = "big/" + std::to_string(i);
+        for (int k = 0; k < rounds; ++k) {
+          std::error_code ec;
+          s.set(key, std::string(cohort::detail::store_wire::max_value, char('a' + k)), ec);
+          if (ec) {
+            ++rep.value;  // refused
+            cf::record(rep, ec, -1, s.last_error());
+          } else {
+            rep.completed++;
+          }
+        }
+        s.set(key, "");  // gone, as far as a store without deletes goes
+        rep.written = 1;
+      });
+    for (auto& t : ts) t.join();
+    return 0;
+  });
+  const auto status = cf::reap({child}, 120s);
+  REQUIRE(status[0] == 0);
+  long refused = 0;
+  for (int i = 0; i < clients; ++i) {
+    CHECK(board[i].written == 1);
+    if (board[i].value > 0) {
+      INFO("client ", i, ": ", board[i].what);
+      CHECK(board[i].code == static_cast<int>(errc::invalid_argument));
+      CHECK(contains(board[i].what, "max_stored"));
+      refused += board[i].value;
+    }
+  }
+  CHECK(refused > 0);  // 16 keys of 16 MiB are more than the map may hold
+  // The server notices the closed connections within a poll round.
+  long after = 0;
+  for (int i = 0; i < 50; ++i) {
+    std::this_thread::sleep_for(20ms);
+    after = cf::rss_kib();
+    if (after - before < 32 * 1024) break;
+  }
+  INFO("VmRSS before ", before, " KiB, after ", after, " KiB");
+  if (!cf::sanitized) CHECK(after - before < 32 * 1024);
+  // It still serves.
+  cohort::tcp_store s("127.0.0.1", port, {.token = {}, .timeout = 10s});
+  CHECK(s.try_get("big/0") == std::optional<std::string>(""));
+  s.disconnect();
+}

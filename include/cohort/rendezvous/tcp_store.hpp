@@ -63,6 +63,8 @@ class tcp_store final : public store {
     if (!check_key(key, ec) || !check_value(value, ec)) return;
     reply r;
     roundtrip(w::op::set, key, value, 0, clock::now() + opts_.timeout, r, ec);
+    if (!ec && r.s != w::status::ok)  // refused: the store is full
+      fail(ec, errc::invalid_argument, "set: " + r.payload + " (key \"" + std::string(key) + "\")");
   }
 
   std::optional<std::string> do_try_get(std::string_view key, std::error_code& ec) override {

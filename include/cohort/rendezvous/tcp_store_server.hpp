@@ -12,11 +12,18 @@
 /// logged; when every slot is taken, the oldest connection still in its hello makes room for a
 /// new one. Buffers are bounded per client and for the whole server (`max_buffered`): over the
 /// budget, reading pauses, and the largest holder that has stopped moving bytes is closed.
+/// The keys and values together are bounded too (`max_stored`): a `set` or `add` that would
+/// pass it is refused with a reply that says so. Memory goes back as it drains: a buffer that
+/// empties gives its memory up, a value replaced by a smaller one is reallocated, and after
+/// large frees the allocator is asked to return free pages to the system.
 /// Waits are held on the server and answered when their keys arrive or their time is up, so
 /// that a waiting client costs nothing.
 #pragma once
 
 #include <fcntl.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -69,6 +76,9 @@ struct tcp_store_server_options {
   std::size_t max_buffered = std::size_t(256) << 20;  ///< Bytes all connections' buffers may
                                                       ///< hold together (a request needs up to
                                                       ///< 16 MiB).
+  std::size_t max_stored = std::size_t(64) << 20;  ///< Bytes of keys and values the store may
+                                                   ///< hold (a job's rendezvous takes a few
+                                                   ///< KiB).
 };
 
 /// Hosts a TCP store on a thread of its own until destroyed.
@@ -160,6 +170,30 @@ class tcp_store_server {
                                              detail::store_wire::max_value;
   // A client with this much of its replies unread gets no more until it reads.
   static constexpr std::size_t out_pause = std::size_t(1) << 20;
+  // A buffer that empties gives its memory back when it holds more than this.
+  static constexpr std::size_t keep_capacity = std::size_t(64) << 10;
+  // Freed this much since the last time, the allocator is asked to return free pages.
+  static constexpr std::size_t trim_after = std::size_t(8) << 20;
+
+  // Empties `s`, giving its memory back if it holds much.
+  void release(std::string& s) {
+    if (s.capacity() > keep_capacity) {
+      freed_ += s.capacity();
+      std::string().swap(s);
+    } else {
+      s.clear();
+    }
+  }
+
+  // Returns free memory to the system once enough was freed (glibc keeps it otherwise: the
+  // server's thread has an arena of its own, trimmed only from its top).
+  void trim() {
+    if (freed_ < trim_after) return;
+    freed_ = 0;
+#if defined(__GLIBC__)
+    ::malloc_trim(0);
+#endif
+  }
 
   static std::size_t held(const client& c) { return c.in.size() + c.out.size(); }
 
@@ -185,7 +219,7 @@ class tcp_store_server {
         authed += c->hello.admitted() && !c->closing;
         buffered += held(*c);
       }
-      std::erase_if(clients_, [](const auto& c) { return c->closing && c->out.empty(); });
+      drop_closed();
       if (stopping && (authed == 0 || now >= stop_at)) return;
       if (stopping) next = std::min(next, stop_at);
       if (buffered >= opts_.max_buffered) {
@@ -243,8 +277,18 @@ class tcp_store_server {
         if (!c->closing && !c->waiting && !c->in.empty()) process(*c);
         if (!c->out.empty()) write_to(*c);
       }
-      std::erase_if(clients_, [](const auto& c) { return c->closing && c->out.empty(); });
+      drop_closed();
+      trim();
     }
+  }
+
+  // Forgets the connections that are closed and have nothing left to send.
+  void drop_closed() {
+    std::erase_if(clients_, [&](const auto& c) {
+      if (!c->closing || !c->out.empty()) return false;
+      freed_ += c->in.capacity() + c->out.capacity();
+      return true;
+    });
   }
 
   // Over the buffer budget: the admitted client holding the most that has moved nothing for
@@ -336,7 +380,7 @@ class tcp_store_server {
       if (n > 0) {
         c.out.erase(0, static_cast<std::size_t>(n));
         c.moved = clock::now();
-        if (c.out.empty() && c.out.capacity() > out_pause) std::string().swap(c.out);
+        if (c.out.empty()) release(c.out);
       } else if (n < 0 && errno == EINTR) {
       } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
         return;
@@ -392,7 +436,7 @@ class tcp_store_server {
           std::string_view(c.in).substr(w::request_size + req->key_length, req->value_length);
       switch (req->kind) {
         case w::op::set:
-          data_[key] = value;
+          if (!put(c, std::move(key), value)) break;
           reply(c, w::status::ok, {}, 0);
           woke_ = true;
           break;
@@ -422,7 +466,7 @@ class tcp_store_server {
                   0);
             break;
           }
-          data_[key] = std::to_string(sum);
+          if (!put(c, std::move(key), std::to_string(sum))) break;
           reply(c, w::status::ok, {}, sum);
           woke_ = true;
           break;
@@ -438,7 +482,7 @@ class tcp_store_server {
         }
       }
       c.in.erase(0, total);
-      if (c.in.empty() && c.in.capacity() > out_pause) std::string().swap(c.in);
+      if (c.in.empty()) release(c.in);
       if (c.waiting) answer_if_ready(c, false);
       if (woke_) {
         woke_ = false;
@@ -446,6 +490,32 @@ class tcp_store_server {
           if (other->waiting) answer_if_ready(*other, false);
       }
     }
+  }
+
+  // Sets `key` to `value` unless the map would pass `max_stored` (then replies why and returns
+  // false). A value replaced by a smaller one is reallocated, so that its memory goes back.
+  bool put(client& c, std::string key, std::string_view value) {
+    auto it = data_.find(key);
+    const std::size_t old = it == data_.end() ? 0 : key.size() + it->second.size();
+    const std::size_t now = stored_ - old + key.size() + value.size();
+    if (now > opts_.max_stored && now > stored_) {
+      reply(c, detail::store_wire::status::bad_request,
+            "the store holds " + std::to_string(stored_) + " bytes of keys and values; this " +
+                "would take it to " + std::to_string(now) + ", over its limit (max_stored, " +
+                std::to_string(opts_.max_stored) + " bytes); the value is unchanged",
+            0);
+      return false;
+    }
+    stored_ = now;
+    if (it == data_.end()) {
+      data_.emplace(std::move(key), std::string(value));
+    } else if (it->second.capacity() > keep_capacity && value.size() < it->second.capacity() / 2) {
+      freed_ += it->second.capacity();
+      std::string(value).swap(it->second);
+    } else {
+      it->second.assign(value);
+    }
+    return true;
   }
 
   // Answers a wait whose keys all exist, or (when `expired`) with the keys still missing.
@@ -482,6 +552,8 @@ class tcp_store_server {
   std::unordered_map<std::string, std::string> data_;
   detail::store_wire::admission_rule rule_;
   detail::store_wire::nonce_source nonces_;
+  std::size_t stored_ = 0;  // bytes of keys and values in data_
+  std::size_t freed_ = 0;   // bytes freed since the last trim
   bool woke_ = false;
   std::atomic<bool> stop_{false};
   std::thread thread_;
