@@ -9,8 +9,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -80,6 +83,23 @@ inline void complete_options(tcp_options& o, const launch_info& info) {
     o.log = [](std::string_view s) {
       std::fprintf(stderr, "cohort tcp: %.*s\n", static_cast<int>(s.size()), s.data());
     };
+}
+
+/// The generation of the next communicator this process makes as `rank` of job `job`: 0 for
+/// the first, then 1, 2, ... Every rank makes the same communicators in the same order, so
+/// they agree on it without asking anyone; the store keys of a generation are its own, and a
+/// communicator made again at once never reads what the previous one left in the store.
+inline std::uint64_t next_generation(const std::string& job, int rank) {
+  static std::mutex m;
+  static std::map<std::pair<std::string, int>, std::uint64_t> made;
+  std::lock_guard lock(m);
+  return made[{job, rank}]++;
+}
+
+/// The prefix of the store keys of generation `gen` of job `job`: "cohort/<job>/", and
+/// "cohort/<job>/g<gen>/" after the first.
+inline std::string key_prefix(const std::string& job, std::uint64_t gen) {
+  return "cohort/" + job + "/" + (gen == 0 ? std::string() : "g" + std::to_string(gen) + "/");
 }
 
 /// Whether COHORT_INSECURE_STORE=1 asks that a job without a token use a store anyone may reach.
@@ -165,6 +185,9 @@ COHORT_DECL tcp_transport::tcp_transport(const launch_info& info, tcp_options op
     tcp_store_server_options so;
     so.token = opts.token;
     so.log = opts.log;
+    // Stopped as soon as the job connected (below), when no rank needs it: nothing may linger
+    // that a communicator made again at once with the same store address could reach.
+    so.linger = std::chrono::milliseconds(0);
     if (opts.token.empty()) {
       const bool one_host = detail::net::is_loopback_host(host) || info.local_size >= info.size;
       const bool insecure = detail::tcp::insecure_store();
@@ -193,6 +216,9 @@ COHORT_DECL tcp_transport::tcp_transport(const launch_info& info, tcp_options op
     s = std::make_unique<tcp_store>(host, port, co);
   }
   setup(info, *s, std::move(opts));
+  // Every rank has read what it needed from the store: each one handshook with rank 0, which
+  // it does only after reading the token and every address it needs.
+  server_.reset();
 }
 
 COHORT_DECL void tcp_transport::setup(const launch_info& info, store& s, tcp_options opts) {
@@ -208,7 +234,7 @@ COHORT_DECL void tcp_transport::setup(const launch_info& info, store& s, tcp_opt
   cfg.rank = rank_;
   cfg.size = size_;
   cfg.job_id = info.job_id.empty() ? "job" : info.job_id;
-  cfg.prefix = "cohort/" + cfg.job_id + "/";
+  cfg.prefix = detail::tcp::key_prefix(cfg.job_id, detail::tcp::next_generation(cfg.job_id, rank_));
   cfg.until = until;
   cfg.handshake_timeout = opts.handshake_timeout;
   cfg.send_buffer = opts.send_buffer;
