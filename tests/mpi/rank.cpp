@@ -15,6 +15,8 @@
 //                                              errc::aborted naming rank 1 and its words
 //        mpi_rank isolation                    the application's messages on the communicator
 //                                              never match cohort's, nor cohort's theirs
+//        mpi_rank split                        shared-memory communicators split from the MPI
+//                                              one: by host, and by rank % 2 with reversed keys
 #define DOCTEST_CONFIG_DISABLE  // a plain program: no doctest registry
 #include "../support.hpp"
 
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include <cohort/cohort.hpp>
+#include <cohort/split.hpp>
 #include <cohort/transport/mpi.hpp>
 
 #include "../collectives/suite.hpp"
@@ -58,8 +61,8 @@ long long ms_since(steady::time_point t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(steady::now() - t).count();
 }
 
-template <class T, class Op>
-void run_counts(cohort::mpi_communicator& comm, const Op& op,
+template <class T, class Op, cohort::communicator Comm>
+void run_counts(Comm& comm, const Op& op,
                 const std::vector<std::size_t>& counts, bool reducing_only, int& checks) {
   const int p = comm.size();
   for (std::size_t n : counts) {
@@ -187,6 +190,32 @@ void isolation(cohort::mpi_communicator& comm) {
   std::printf("rank %d: isolated\n", r);
 }
 
+void split(cohort::mpi_communicator& comm) {
+  const int p = comm.size(), r = comm.rank();
+  auto host = cohort::split_by_host(comm);  // mpirun runs every rank here
+  expect(host && host->size() == p && host->rank() == r, "the host communicator is wrong");
+  int checks = 0;
+  auto sub = cohort::split_shm(comm, r % 2, -r);
+  const int size = (p - r % 2 + 1) / 2;  // ranks of this parity
+  expect(sub && sub->size() == size, "the split by parity has " + std::to_string(sub->size()) +
+                                         " ranks, not " + std::to_string(size));
+  expect(sub->rank() == size - 1 - r / 2, "rank " + std::to_string(sub->rank()) +
+                                              " in the split by parity; the keys reverse it");
+  const std::vector<std::size_t> counts = {0, 1, 1025, 3 * 65536 + 7};
+  auto run = [&](auto& c) {
+    run_counts<float>(c, cohort::ops::sum, counts, false, checks);
+    run_counts<cohort::bf16>(c, cohort::ops::sum, {1, 70'001}, true, checks);
+  };
+  run(*host);
+  run(*sub);
+  // The MPI communicator still works after the splits.
+  std::vector<float> x(1000, float(r + 1));
+  cohort::all_reduce(comm, x, cohort::ops::sum);
+  expect(x[999] == float(p * (p + 1) / 2), "the MPI communicator's sum after the splits");
+  std::printf("rank %d: split passed: %d checks (host of %d, parity group of %d)\n", r, checks,
+              host->size(), sub->size());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -209,8 +238,9 @@ int main(int argc, char** argv) {
     else if (mode == "timeout") timeout(comm);
     else if (mode == "abort") abort_mode(comm);
     else if (mode == "isolation") isolation(comm);
+    else if (mode == "split") split(comm);
     else {
-      std::fprintf(stderr, "usage: mpi_rank suite|mismatch|timeout|abort|isolation ...\n");
+      std::fprintf(stderr, "usage: mpi_rank suite|mismatch|timeout|abort|isolation|split ...\n");
       code = 2;
     }
   } catch (const std::exception& e) {
