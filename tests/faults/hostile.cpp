@@ -228,7 +228,8 @@ TEST_CASE("hostile: a client that fills the tcp store (its buffers and its map) 
   // A client of the server's own user gets in without a token: what it stores, the server
   // holds. Filling the buffers to their cap (256 MiB) and the map beyond it used to take the
   // server from a few MB to about 290 MB, for good.
-  cohort::tcp_store_server server("127.0.0.1", 0, {.log = [](std::string_view) {}});
+  cohort::tcp_store_server server("127.0.0.1", 0,
+                                  {.token = {}, .log = [](std::string_view) {}});
   const int port = server.port();
   std::this_thread::sleep_for(50ms);
   const long before = cf::rss_kib();
@@ -283,4 +284,55 @@ TEST_CASE("hostile: a client that fills the tcp store (its buffers and its map) 
   cohort::tcp_store s("127.0.0.1", port, {.token = {}, .timeout = 10s});
   CHECK(s.try_get("big/0") == std::optional<std::string>(""));
   s.disconnect();
+}
+
+TEST_CASE("hostile: an shm rank started with the wrong world size makes every rank fail at once, "
+          "saying who says what") {
+  // Rank 1 says 3 ranks where rank 0 says 2. Used to: the one that met the segment of the
+  // other shape failed, the other waited out its 30 s connect timeout.
+  for (int first : {0, 1}) {
+    INFO("rank ", first, " starts first");
+    const std::string job = cf::unique_job("size");
+    cf::report_board board(2);
+    std::vector<pid_t> pids(2);
+    for (int k = 0; k < 2; ++k) {
+      const int r = k == 0 ? first : 1 - first;
+      pids[r] = cf::spawn(r, [&](int rank) {
+        cf::rank_report& rep = board[rank];
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          cohort::shm_options o;
+          o.ring_bytes = ring_bytes;
+          o.chunk_bytes = 4096;
+          o.connect_timeout = 20s;
+          cohort::shm_transport t(job, rank, rank == 0 ? 2 : 3, o);
+          rep.completed = 1;
+        } catch (const cohort::error& e) {
+          cf::record(rep, e.code(), e.peer(), e.what());
+        }
+        rep.elapsed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::steady_clock::now() - t0)
+                             .count();
+        rep.written = 1;
+        return 0;
+      });
+      std::this_thread::sleep_for(100ms);  // so that `first` makes the segment
+    }
+    const auto status = cf::reap(pids, 60s);
+    for (int r = 0; r < 2; ++r) {
+      const cf::rank_report& rep = board[r];
+      INFO("rank ", r, ": ", cf::status_text(status[r]), ", ", cf::code_name(rep.code), " after ",
+           rep.elapsed_ms, " ms: ", rep.what);
+      CHECK(status[r] == 0);
+      CHECK(rep.completed == 0);
+      CHECK(rep.code == static_cast<int>(errc::invalid_argument));
+      CHECK(rep.elapsed_ms < 3000);  // at once, not at the connect timeout
+    }
+    // The rank that met the other's segment says what it found; the other is told who.
+    CHECK((contains(board[0].what, "rank 1 says the job has 3 ranks, this rank says 2") ||
+           contains(board[0].what, "say the job has 3 ranks, this rank (rank 0) says 2")));
+    CHECK((contains(board[1].what, "rank 0 says the job has 2 ranks, this rank says 3") ||
+           contains(board[1].what, "say the job has 2 ranks, this rank (rank 1) says 3")));
+    CHECK(cf::shm_names(job).empty());
+  }
 }

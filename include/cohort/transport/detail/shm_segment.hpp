@@ -59,7 +59,7 @@
 namespace cohort::detail::shm {
 
 inline constexpr std::uint32_t segment_magic = 0x314d5343;  // "CSM1"
-inline constexpr std::uint32_t layout_version = 2;
+inline constexpr std::uint32_t layout_version = 3;
 inline constexpr std::size_t page = 4096;
 /// The longest abort message kept; longer ones are cut.
 inline constexpr std::size_t failure_text_bytes = 1024;
@@ -67,6 +67,10 @@ inline constexpr std::size_t failure_text_bytes = 1024;
 /// Values of `control_block::outcome`: still connecting, every rank joined, or given up
 /// (`join_abandoned` + the rank found gone; + size where none was, at a deadline).
 inline constexpr std::uint32_t join_open = 0, join_connected = 1, join_abandoned = 2;
+/// `control_block::outcome` when a rank found the segment made for another shape than its own
+/// (`disagree_rank`, `disagree_size` and `disagree_ring` say what it asked for): every rank
+/// fails at once, saying who disagrees.
+inline constexpr std::uint32_t join_disagreed = 0x80000000u;
 /// `control_block::unlinked` once the name is off the file system.
 inline constexpr std::uint32_t unlink_done = ~std::uint32_t{0};
 
@@ -85,6 +89,9 @@ struct control_block {
   word unlinked;             ///< The pid of the rank taking the name off, `unlink_done` after.
   word outcome;              ///< `join_open`, `join_connected` or `join_abandoned` + rank;
                              ///< set once (compare-and-swap); futex word for the join wait.
+  std::int32_t disagree_rank;     ///< `join_disagreed`: the rank that asked for another shape,
+  std::int32_t disagree_size;     ///< the number of ranks it says the job has,
+  std::uint64_t disagree_ring;    ///< and its `ring_bytes`; written before `outcome`.
   alignas(128) word abort_state;  ///< 0: none; 1: being written; 2: written.
   std::int32_t abort_rank;        ///< The rank that aborted.
   std::int32_t abort_value;       ///< The error code's value ...
@@ -275,6 +282,42 @@ struct stale_note {
   std::string what;  ///< What was found: "rank 2 (process 4711) died while the job connected".
 };
 
+/// "rank 1 says the job has 3 ranks, this rank says 2" (or the same of ring_bytes).
+inline std::string disagreement(int rank, int size, std::uint64_t ring, int my_size,
+                                std::uint64_t my_ring) {
+  if (size != my_size)
+    return "rank " + std::to_string(rank) + " says the job has " + std::to_string(size) +
+           " ranks, this rank says " + std::to_string(my_size);
+  return "rank " + std::to_string(rank) + " uses ring_bytes " + std::to_string(ring) +
+         ", this rank " + std::to_string(my_ring) + ": every rank must pass the same shm_options";
+}
+
+/// Tells the ranks waiting in the segment open as `fd` that `rank` asks for `size` ranks with
+/// `ring` bytes per ring, which is not the segment's shape, so that they fail at once instead
+/// of at their deadline. Maps only the control block; waits (briefly) for the creator to finish.
+/// Returns the number of ranks the segment was made for, or 0 where it could not be read.
+inline int tell_disagreement(int fd, int rank, int size, std::uint64_t ring, deadline until) {
+  void* p = ::mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return 0;
+  auto* c = std::launder(reinterpret_cast<control_block*>(p));
+  const deadline limit = std::min(until, clock::now() + std::chrono::seconds(1));
+  while (c->ready.load(std::memory_order_acquire) != segment_magic && clock::now() < limit)
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  if (c->ready.load(std::memory_order_acquire) == segment_magic &&
+      c->outcome.load(std::memory_order_acquire) == join_open) {
+    c->disagree_rank = rank;
+    c->disagree_size = size;
+    c->disagree_ring = ring;
+    std::uint32_t open = join_open;
+    if (c->outcome.compare_exchange_strong(open, join_disagreed, std::memory_order_acq_rel))
+      futex_wake(c->outcome);
+  }
+  const int made_for =
+      c->ready.load(std::memory_order_acquire) == segment_magic ? c->size : 0;
+  ::munmap(p, page);
+  return made_for;
+}
+
 /// Takes the creator's lock (`flock`, exclusive) on the object open as `fd` unless another open
 /// of it holds it. Returns 1 when taken, 0 when held elsewhere, -1 where the file system has
 /// no such locks. A lock belongs to the open file description, and the kernel drops it when
@@ -365,7 +408,13 @@ inline join_result try_join(segment& seg, const std::string& job, int rank, int 
       }
       const auto bytes = static_cast<std::size_t>(st.st_size);
       if (bytes != 0 && bytes != shape.total) {
+        const int theirs = tell_disagreement(fd, rank, size, shape.ring_bytes, until);
         ::close(fd);
+        if (theirs > 0 && theirs != size)
+          throw connect_error(errc::invalid_argument, -1, job,
+                              "the ranks that made " + name + " say the job has " +
+                                  std::to_string(theirs) + " ranks, this rank (rank " +
+                                  std::to_string(rank) + ") says " + std::to_string(size));
         throw connect_error(errc::invalid_argument, -1, job,
                             name + " has " + std::to_string(st.st_size) + " bytes where " +
                                 std::to_string(size) + " ranks need " +
@@ -412,6 +461,14 @@ inline join_result try_join(segment& seg, const std::string& job, int rank, int 
   }
 
   control_block& c = seg.control();
+  if (c.version == layout_version && (c.size != size || c.ring_bytes != shape.ring_bytes)) {
+    const int fd2 = ::shm_open(name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (fd2 >= 0) {
+      if (std::string why; trusted(fd2, name, why))
+        tell_disagreement(fd2, rank, size, shape.ring_bytes, until);
+      ::close(fd2);
+    }
+  }
   if (c.version != layout_version || c.size != size || c.ring_bytes != shape.ring_bytes)
     throw connect_error(errc::invalid_argument, -1, job,
                         name + " was made for " + std::to_string(c.size) + " ranks with " +
@@ -475,6 +532,14 @@ inline join_result try_join(segment& seg, const std::string& job, int rank, int 
     if (outcome == join_connected) {
       seg.unlink();  // every rank has it mapped: the name is no longer needed
       return join_result::joined;
+    }
+    if (outcome == join_disagreed) {  // a rank asked for another shape: nobody can go on
+      mine.state.store(slot_closed, std::memory_order_release);
+      seg.unlink();
+      throw connect_error(errc::invalid_argument, c.disagree_rank, job,
+                          disagreement(c.disagree_rank, c.disagree_size, c.disagree_ring, size,
+                                       shape.ring_bytes) +
+                              " (" + name + ")");
     }
     if (outcome != join_open) {  // given up: start over in a fresh segment
       mine.state.store(slot_closed, std::memory_order_release);
