@@ -42,6 +42,8 @@ using cohort::errc;
 static_assert(cohort::transport<cohort::mpi_transport>);
 static_assert(!cohort::zero_copy_transport<cohort::mpi_transport>);
 static_assert(cohort::communicator<cohort::mpi_communicator>);
+// The default message size is the collectives' chunk, so that their messages land in place.
+static_assert(cohort::mpi_options{}.max_message_bytes == cohort::detail::tuning::chunk_bytes);
 static_assert(std::is_nothrow_move_constructible_v<cohort::mpi_transport>);
 static_assert(!std::is_copy_constructible_v<cohort::mpi_transport>);
 

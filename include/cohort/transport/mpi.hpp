@@ -19,11 +19,11 @@
 /// duplicates are returned, not fatal (`MPI_ERRORS_RETURN`).
 ///
 /// **Data path** (detail/mpi_engine.hpp). `send` posts `MPI_Isend`s of at most
-/// `mpi_options::max_message_bytes` each (an MPI count is an `int`). Receives keep the concept's
-/// byte-stream semantics whatever the sizes of the sends: the next message from the peer is
-/// probed (`MPI_Improbe`) and received (`MPI_Imrecv`) in place when it fits in the posted
-/// receive, else through a staging buffer (one allocation and one copy; the collectives mostly
-/// send and receive in matching pieces). `wait` polls `MPI_Test` until the request completes
+/// `mpi_options::max_message_bytes` each (256 KiB, the collectives' chunk). Receives keep the
+/// concept's byte-stream semantics whatever the sizes of the sends: the next message from the
+/// peer is probed (`MPI_Improbe`) and received (`MPI_Imrecv`) in place when it fits in the
+/// posted receive, else through a staging buffer (one allocation and one copy; with the
+/// default message size the collectives' messages line up with their receives). `wait` polls `MPI_Test` until the request completes
 /// or the deadline passes (`errc::timed_out`): it busy-polls for `spin`, then yields the core
 /// between polls. Progress happens only inside calls.
 ///
@@ -69,8 +69,11 @@ namespace cohort {
 
 /// Settings of `mpi_transport`.
 struct mpi_options {
-  /// The largest MPI message a send is cut into: 1 to INT_MAX bytes.
-  std::size_t max_message_bytes = std::size_t{1} << 30;
+  /// The largest MPI message a send is cut into: 1 to INT_MAX bytes (an MPI count is an
+  /// `int`). The default is the collectives' pipeline chunk (collectives/detail/tuning.hpp):
+  /// they send a block whole and receive it chunk by chunk, and messages that line up with
+  /// those receives land in place instead of through the staging buffer.
+  std::size_t max_message_bytes = std::size_t{256} << 10;
   /// How long `wait` busy-polls before it yields the core between polls.
   std::chrono::microseconds spin{50};
 };
