@@ -8,6 +8,8 @@ Importing this package registers the backend "cohort"::
 CPU tensors; shared memory when every rank is on this host, TCP otherwise
 (COHORT_TRANSPORT=shm|tcp decides instead). DDP communication hooks: cohort_torch.hooks.
 """
+import os
+
 import torch.distributed as dist
 
 import _cohort_torch
@@ -26,6 +28,23 @@ def transport(group=None):
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     return _cohort_torch.transport(pg)
 
+
+# torch's env:// reads RANK and WORLD_SIZE (and MASTER_ADDR, MASTER_PORT); other launchers
+# name them otherwise. Where RANK is unset, take them from cohort-run, Open MPI, PMI or Slurm.
+_LAUNCHERS = [("COHORT_RANK", "COHORT_SIZE", "COHORT_LOCAL_RANK", "COHORT_LOCAL_SIZE"),
+              ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+               "OMPI_COMM_WORLD_LOCAL_SIZE"),
+              ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+              ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None)]
+if "RANK" not in os.environ:
+    for _rank, _size, _local_rank, _local_size in _LAUNCHERS:
+        if _rank in os.environ and _size in os.environ:
+            os.environ["RANK"] = os.environ[_rank]
+            os.environ["WORLD_SIZE"] = os.environ[_size]
+            for _theirs, _ours in ((_local_rank, "LOCAL_RANK"), (_local_size, "LOCAL_WORLD_SIZE")):
+                if _theirs and _theirs in os.environ:
+                    os.environ.setdefault(_ours, os.environ[_theirs])
+            break
 
 if "COHORT" not in dist.Backend._plugins:
     dist.Backend.register_backend("cohort", _create)
