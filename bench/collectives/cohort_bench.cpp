@@ -3,6 +3,7 @@
 //   cohort-bench --ranks 2 --op all_reduce --dtype f32 --sizes 4,1K,64K,1M,16M,64M
 //   cohort-bench --ranks 4 --transport loopback -b 1K -e 16M -f 4 --format csv
 //   cohort-run -n 2 cohort-bench --op all_gather --dtype bf16
+//   mpirun -np 2 cohort-bench --transport mpi --sizes 4,1K,1M
 //
 // How it measures (driver.hpp and measure.hpp hold the code, which cohort-bench-mpi shares, so
 // that both sides of a comparison are measured alike):
@@ -55,6 +56,14 @@
 #define COHORT_BENCH_HAS_SHM 1
 #else
 #define COHORT_BENCH_HAS_SHM 0
+#endif
+
+// The MPI transport, where this program is built with MPI (--transport mpi under mpirun).
+#if __has_include(<mpi.h>) && __has_include(<cohort/transport/mpi.hpp>)
+#include <cohort/transport/mpi.hpp>
+#define COHORT_BENCH_HAS_MPI 1
+#else
+#define COHORT_BENCH_HAS_MPI 0
 #endif
 
 #include "driver.hpp"
@@ -235,9 +244,39 @@ int join_job(const options& o, const launch_info& info, run_info run) {
 #endif
 }
 
+#if COHORT_BENCH_HAS_MPI
+/// One rank of an MPI job (mpirun) over the MPI transport, on MPI_COMM_WORLD.
+int run_mpi(const options& o, run_info run) {
+  MPI_Init(nullptr, nullptr);
+  int code = 1;
+  {
+    mpi_communicator comm = make_mpi_communicator(MPI_COMM_WORLD);
+    check_ranks(o, comm.size());
+    if (o.ranks > 0 && o.ranks != comm.size())
+      throw usage_error("--ranks " + std::to_string(o.ranks) + " but mpirun started " +
+                        std::to_string(comm.size()));
+    run.transport = "mpi";
+    run.launch = "mpirun";
+    run.ranks = comm.size();
+    if (comm.rank() == 0) run.ceiling = measure_memcpy(o.sizes.back());
+    code = report_errors(std::string(program) + ": rank " + std::to_string(comm.rank()),
+                         [&] { return run_rank(comm, o, run) > 0 ? 1 : 0; });
+  }  // the communicator goes before MPI_Finalize
+  MPI_Finalize();
+  return code;
+}
+#endif
+
 /// The whole program after the options: join a launched job, or start the ranks here.
 int run(const options& o) {
   run_info run{program, "", "", 0, describe_host(), {}};
+  if (o.transport == "mpi") {
+#if COHORT_BENCH_HAS_MPI
+    return run_mpi(o, run);
+#else
+    throw usage_error("--transport mpi: this build has no MPI (build with MPI found by Meson)");
+#endif
+  }
   const launch_info info = launch_info_from_env();
   if (info.size > 1) return join_job(o, info, run);
 
