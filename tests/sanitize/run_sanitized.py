@@ -20,9 +20,12 @@ import time
 
 # Left out of the sanitized run: the benchmarks' smoke runs (the soak, in the faults suite,
 # covers the same calls and checks them), the CUDA tests, the libFuzzer run, which builds its
-# own sanitized binaries, and the whole-matrix twins of thinned tests (suite 'full': the
-# thinned ones run instead). Tests that only compile or package are not even configured.
-EXCLUDED_SUITES = ("bench", "cuda", "full")
+# own sanitized binaries, the whole-matrix twins of thinned tests (suite 'full': the thinned
+# ones run instead), and the tests that run inside Open MPI or libtorch, which are not built
+# with the sanitizers (their own allocations would be reported, and ASan's runtime cannot be
+# loaded into an uninstrumented Python). Tests that only compile or package are not even
+# configured.
+EXCLUDED_SUITES = ("bench", "cuda", "full", "mpi", "torch")
 EXCLUDED_TESTS = ("fuzz run",)
 
 
