@@ -3,6 +3,7 @@
 // loopback (IPv4 and IPv6): the suite, strangers, wrong tokens, missing ranks, aborts, lost peers.
 #include "../support.hpp"
 
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -634,6 +635,40 @@ TEST_CASE("file store: a directory it makes is 0700 and its keys 0600; one other
     INFO("left in the store: ", left.size() ? left.front() : std::string());
     CHECK(left.empty());
   }
+}
+
+TEST_CASE("tcp setup: a store port that is taken (torchrun's own store on MASTER_PORT) is a clear "
+          "error that says to set COHORT_STORE") {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(fd, 16) == 0);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  const int port = ntohs(a.sin_port);
+  ::setenv("TORCHELASTIC_RUN_ID", "unit", 1);
+  auto info = info_for(0, 2, unique_job("taken"));
+  info.master_addr = "127.0.0.1";
+  info.master_port = port;
+  auto opts = loopback_options();
+  opts.connect_timeout = 5s;
+  const auto t0 = cohort::clock::now();
+  try {
+    auto comm = cohort::make_tcp_communicator(info, opts);
+    FAIL("rank 0 hosted a store on a taken port");
+  } catch (const cohort::error& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK(e.code() == cohort::errc::invalid_argument);
+    CHECK(what.find("torchrun") != std::string::npos);
+    CHECK(what.find("COHORT_STORE=127.0.0.1:") != std::string::npos);
+    CHECK(what.find("COHORT_STORE=file:") != std::string::npos);
+  }
+  CHECK(cohort::clock::now() - t0 < 2s);
+  ::unsetenv("TORCHELASTIC_RUN_ID");
+  ::close(fd);
 }
 
 #if defined(COHORT_WITH_HIREDIS)

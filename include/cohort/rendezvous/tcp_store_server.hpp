@@ -84,6 +84,7 @@ struct tcp_store_server_options {
 /// Hosts a TCP store on a thread of its own until destroyed.
 class tcp_store_server {
  public:
+
   /// Listens on `host` (a numeric address or a name; "" is every address) at `port` (0: any).
   /// Throws `cohort::error` when it cannot.
   tcp_store_server(const std::string& host, int port, tcp_store_server_options opts = {})
@@ -420,6 +421,7 @@ class tcp_store_server {
         const state s = c.hello.step(c.in, c.out, rule_, nonces_, c.fd.get(), why);
         if (s == state::refused) {
           std::string told = std::move(c.out);  // the verdict, when the client may hear why
+          if (why == "wrong token") note_wrong_token(c);
           refuse(c, why);
           c.out = std::move(told);
         }
@@ -490,6 +492,27 @@ class tcp_store_server {
           if (other->waiting) answer_if_ready(*other, false);
       }
     }
+  }
+
+  // A process of this user on this host came with another token: most likely a rank of the
+  // job started with another COHORT_TOKEN. Says so under `store_wire::refusal_key` (wall-clock
+  // ns, then the
+  // address), so that the ranks waiting for it fail at once instead of at their deadline. Only
+  // for this user's processes: a stranger must not be able to stop a job this way.
+  void note_wrong_token(const client& c) {
+    const auto owner = detail::net::peer_uid(c.fd.get());
+    if (owner.what != detail::net::peer_owner::kind::local || owner.uid != ::geteuid()) return;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count();
+    std::string v = std::to_string(ns) + " " + c.peer;
+    const std::string key(detail::store_wire::refusal_key);
+    auto it = data_.find(key);
+    const std::size_t old = it == data_.end() ? 0 : key.size() + it->second.size();
+    if (stored_ - old + key.size() + v.size() > opts_.max_stored) return;
+    stored_ = stored_ - old + key.size() + v.size();
+    data_[key] = std::move(v);
+    woke_ = true;
   }
 
   // Sets `key` to `value` unless the map would pass `max_stored` (then replies why and returns

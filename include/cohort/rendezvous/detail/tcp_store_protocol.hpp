@@ -61,6 +61,9 @@ inline constexpr std::size_t request_size = 24;
 inline constexpr std::size_t reply_size = 16;
 inline constexpr std::size_t max_key = 4096;
 inline constexpr std::size_t max_value = 16u << 20;
+/// The key under which a server notes that a process of its own user on its host was refused
+/// for a wrong token: "<wall-clock ns since the epoch> <address>" of the last one.
+inline constexpr std::string_view refusal_key = "cohort/store/refused-wrong-token";
 inline constexpr std::size_t max_wait_keys = 65536;
 
 enum class op : std::uint8_t { set = 1, get = 2, add = 3, wait = 4 };

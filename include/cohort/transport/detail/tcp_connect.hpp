@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -42,6 +43,7 @@
 #include <cohort/core/error.hpp>
 #include <cohort/core/options.hpp>
 #include <cohort/detail/net/socket.hpp>
+#include <cohort/rendezvous/detail/tcp_store_protocol.hpp>
 #include <cohort/rendezvous/store.hpp>
 #include <cohort/transport/detail/tcp_net.hpp>
 #include <cohort/transport/detail/tcp_wire.hpp>
@@ -97,17 +99,34 @@ class mesh_builder {
   }
 
   mesh run() {
+    started_ = std::chrono::system_clock::now();
     boost::system::error_code bec;
     if (!listen(bec)) return std::move(result_);
     const std::string prefix = cfg_.prefix + "addr/";
     const tcp::endpoint mine = acceptor_.local_endpoint(bec);
     std::error_code ec;
+    // "host port size": the size lets every rank see at once that another says the job has a
+    // different number of ranks (else each would wait for ranks that never come).
     store_.set(prefix + std::to_string(cfg_.rank),
-               host_of(cfg_.local.address, cfg_.local.name) + " " + std::to_string(mine.port()),
+               host_of(cfg_.local.address, cfg_.local.name) + " " + std::to_string(mine.port()) +
+                   " " + std::to_string(cfg_.size),
                ec);
     if (ec)
       return fail(ec, -1, "rendezvous: cannot publish this rank's address: " + store_.last_error());
-    const auto missing = wait_for_ranks(store_, prefix, cfg_.size, cfg_.until, ec);
+    // Waits in slices; between them, looks for a disagreement on the job's size.
+    std::vector<int> missing;
+    for (;;) {
+      const deadline slice = std::min(cfg_.until, clock::now() + disagreement_poll);
+      missing = wait_for_ranks(store_, prefix, cfg_.size, slice, ec);
+      if (ec != errc::timed_out || clock::now() >= cfg_.until) break;
+      if (told() || refused(missing)) return std::move(result_);
+      if (cfg_.rank != 0) {
+        std::error_code ig;
+        const auto v = store_.try_get(prefix + "0", ig);
+        if (v && published_size(*v) > 0 && published_size(*v) != cfg_.size)
+          return disagree(0, published_size(*v));
+      }
+    }
     if (ec == errc::timed_out && !missing.empty())
       return fail(ec, missing.front(),
                   "rendezvous: " + describe_ranks(missing) + " never arrived (" +
@@ -128,7 +147,11 @@ class mesh_builder {
                     "rendezvous: rank " + std::to_string(q) + " published a malformed address \"" +
                         *v + "\"");
       peers[q] = to_asio(e);
+      if (const int theirs = published_size(*v); theirs > 0 && theirs != cfg_.size)
+        return disagree(q, theirs);
     }
+    if (told()) return std::move(result_);
+    asio::co_spawn(ioc_, watch_disagreement(), asio::detached);
     incoming_ = cfg_.size - 1 - cfg_.rank;
     if (incoming_ > 0)
       asio::co_spawn(ioc_, accept_loop(), asio::detached);
@@ -158,6 +181,84 @@ class mesh_builder {
   void note(std::error_code ec, int peer, std::string what) {
     if (!result_.error.code) result_.error = {ec, peer, std::move(what)};
     ioc_.stop();
+  }
+
+  // How often a waiting rank looks for a rank that says the job has another size.
+  static constexpr std::chrono::milliseconds disagreement_poll{100};
+
+  std::string disagreement_key() const { return cfg_.prefix + "disagree"; }
+
+  // The size in a published address ("host port size"), or 0 where there is none.
+  static int published_size(const std::string& v) {
+    const auto first = v.find(' ');
+    const auto last = v.rfind(' ');
+    if (first == std::string::npos || last == first) return 0;
+    int n = 0;
+    const auto [end, e] = std::from_chars(v.data() + last + 1, v.data() + v.size(), n);
+    return e == std::errc{} && end == v.data() + v.size() && n > 0 ? n : 0;
+  }
+
+  // Rank `q` says the job has `theirs` ranks: says so at the store, for every rank to see, and
+  // fails.
+  mesh disagree(int q, int theirs) {
+    std::error_code ig;
+    store_.set(disagreement_key(), std::to_string(cfg_.rank) + " " + std::to_string(cfg_.size),
+               ig);
+    return fail(make_error_code(errc::invalid_argument), q,
+                "rendezvous: rank " + std::to_string(q) + " says the job has " +
+                    std::to_string(theirs) + " ranks, this rank says " +
+                    std::to_string(cfg_.size));
+  }
+
+  // True (and failed) when another rank said at the store that it disagrees on the size.
+  bool told() {
+    std::error_code ig;
+    const auto v = store_.try_get(disagreement_key(), ig);
+    if (!v) return false;
+    int r = -1, n = 0;
+    const auto space = v->find(' ');
+    if (space == std::string::npos) return false;
+    std::from_chars(v->data(), v->data() + space, r);
+    std::from_chars(v->data() + space + 1, v->data() + v->size(), n);
+    if (r < 0 || r == cfg_.rank || n <= 0) return false;
+    note(make_error_code(errc::invalid_argument), r < cfg_.size ? r : -1,
+         "rendezvous: rank " + std::to_string(r) + " says the job has " + std::to_string(n) +
+             " ranks, this rank says " + std::to_string(cfg_.size));
+    return true;
+  }
+
+  // True (and failed) when the store refused a process of this user for a wrong token since
+  // this rank started: most likely one of the ranks still `missing`, started with another
+  // COHORT_TOKEN (the store notes only its own user's processes: strangers cannot stop a job).
+  bool refused(const std::vector<int>& missing) {
+    std::error_code ig;
+    const auto v = store_.try_get(std::string(store_wire::refusal_key), ig);
+    if (!v || missing.empty()) return false;
+    long long ns = 0;
+    std::from_chars(v->data(), v->data() + v->size(), ns);
+    const auto at = std::chrono::system_clock::time_point(std::chrono::nanoseconds(ns));
+    if (at + std::chrono::seconds(1) < started_) return false;  // an earlier job's
+    const auto space = v->find(' ');
+    const std::string from = space == std::string::npos ? std::string("?") : v->substr(space + 1);
+    note(make_error_code(errc::invalid_argument), missing.size() == 1 ? missing.front() : -1,
+         "rendezvous: " +
+             (missing.size() == 1 ? "rank " + std::to_string(missing.front()) + " was refused"
+                                  : describe_ranks(missing) + " never arrived, and a rank was "
+                                                              "refused") +
+             ": wrong token (the store refused a process of this user at " + from +
+             " that does not know this job's token: is COHORT_TOKEN the same on every rank?)");
+    return true;
+  }
+
+  // Looks for a disagreement while the mesh forms: a rank that waits for a peer that failed on
+  // it learns why within `disagreement_poll`.
+  asio::awaitable<void> watch_disagreement() {
+    asio::steady_timer t(ioc_);
+    for (;;) {
+      t.expires_after(disagreement_poll);
+      auto [e] = co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+      if (e || told()) co_return;
+    }
   }
 
   void log(const std::string& s) const {
@@ -348,6 +449,7 @@ class mesh_builder {
   tcp::acceptor acceptor_;
   mesh result_;
   int incoming_ = 0;
+  std::chrono::system_clock::time_point started_{};
   std::string last_problem_;
 };
 

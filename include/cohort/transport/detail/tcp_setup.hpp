@@ -203,6 +203,15 @@ COHORT_DECL tcp_transport::tcp_transport(const launch_info& info, tcp_options op
       try {
         server_ = std::make_unique<tcp_store_server>(host, port, so);
       } catch (const error& e) {
+        if (e.code() == std::error_code(EADDRINUSE, std::generic_category()))
+          fail(errc::invalid_argument,
+               "rank 0 cannot host the store at " + spec + ": the port is taken" +
+                   (detail::tcp::env("TORCHELASTIC_RUN_ID")
+                        ? std::string(" (under torchrun, by torchrun's own store on MASTER_PORT)")
+                        : std::string()) +
+                   ". Give cohort a store of its own on every rank: COHORT_STORE=" +
+                   (host.find(':') != std::string::npos ? "[" + host + "]" : host) +
+                   ":<a free port>, or COHORT_STORE=file:<a directory every rank sees>");
         if (e.code() != std::error_code(EADDRNOTAVAIL, std::generic_category())) throw;
         // MASTER_ADDR is not an address of this host (NAT, a name for a proxy): every address.
         opts.log("the store cannot listen on " + host +
