@@ -212,6 +212,28 @@ except RuntimeError as e:
 t = torch.ones(3)
 dist.all_reduce(t)
 check(torch.equal(t, torch.full((3,), float(P))), "all_reduce after refusals")
+
+# A cohort subgroup (the even ranks) beside the whole group.
+evens = dist.new_group(list(range(0, P, 2)), backend="cohort")
+t = torch.ones(4)
+if rank % 2 == 0:
+    dist.all_reduce(t, group=evens)
+    check(torch.equal(t, torch.full((4,), float(len(range(0, P, 2))))), "all_reduce on a subgroup")
+
+# Ranks that disagree about a call: every rank gets cohort's mismatch message as RuntimeError
+# (on a group of its own, which the failure leaves poisoned).
+bad = dist.new_group(backend="cohort")
+try:
+    dist.all_reduce(torch.ones(3 if rank == 0 else 5), group=bad)
+    check(False, "mismatched all_reduce should fail")
+except RuntimeError as e:
+    check("all_reduce" in str(e) and ("3" in str(e) or "5" in str(e)), f"mismatch message: {e}")
+try:
+    dist.all_reduce(torch.ones(1), group=bad)
+    check(False, "a poisoned group should refuse calls")
+except RuntimeError as e:
+    check("poison" in str(e) or "all_reduce" in str(e), f"poisoned message: {e}")
+
 dist.barrier()
 print(f"rank {rank}: transport {cohort_torch.transport()}, "
       f"{'FAILED ' + str(len(failures)) if failures else 'all passed'}", flush=True)
