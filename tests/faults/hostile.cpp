@@ -6,6 +6,10 @@
 //   (uid 65534); without root the case exits 77 (skipped), saying why.
 // - shm: a segment of this user that others may open is refused too; the one a rank makes is
 //   0600.
+// - the TCP store: a client of the server's own user fills its buffers and its map; the map is
+//   bounded, and the memory comes back (VmRSS).
+// - a rank with the wrong world size (shm, tcp), or another COHORT_TOKEN: every rank fails at
+//   once, saying who says what, instead of waiting out its connect timeout.
 #include "../support.hpp"
 
 #include <fcntl.h>
@@ -335,4 +339,85 @@ TEST_CASE("hostile: an shm rank started with the wrong world size makes every ra
            contains(board[1].what, "say the job has 2 ranks, this rank (rank 1) says 3")));
     CHECK(cf::shm_names(job).empty());
   }
+}
+
+TEST_CASE("hostile: a tcp rank started with the wrong world size makes every rank fail at once, "
+          "saying who says what") {
+  // Used to: both sides waited out the connect timeout, for ranks that never came.
+  for (int wrong : {1, 0}) {
+    INFO("rank ", wrong, " says 3 ranks, the other 2");
+    cf::job_spec spec = cf::make_spec(cf::kind::tcp, "tcpsize", 2);
+    cf::report_board board(2);
+    std::vector<pid_t> pids;
+    for (int r = 0; r < 2; ++r)
+      pids.push_back(cf::spawn(r, [&](int rank) {
+        cf::rank_report& rep = board[rank];
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          cohort::launch_info info = cf::info_for(spec, rank);
+          info.size = info.local_size = rank == wrong ? 3 : 2;
+          auto comm = cohort::make_tcp_communicator(info, cf::tcp_test_options(20s));
+          rep.completed = 1;
+        } catch (const cohort::error& e) {
+          cf::record(rep, e.code(), e.peer(), e.what());
+        }
+        rep.elapsed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::steady_clock::now() - t0)
+                             .count();
+        rep.written = 1;
+        return 0;
+      }));
+    const auto status = cf::reap(pids, 60s);
+    for (int r = 0; r < 2; ++r) {
+      const cf::rank_report& rep = board[r];
+      INFO("rank ", r, ": ", cf::status_text(status[r]), ", ", cf::code_name(rep.code), " after ",
+           rep.elapsed_ms, " ms: ", rep.what);
+      CHECK(status[r] == 0);
+      CHECK(rep.completed == 0);
+      CHECK(rep.code == static_cast<int>(errc::invalid_argument));
+      CHECK(rep.peer == 1 - r);
+      CHECK(rep.elapsed_ms < 3000);  // at once, not at the connect timeout
+      const int mine = r == wrong ? 3 : 2, theirs = r == wrong ? 2 : 3;
+      CHECK(contains(rep.what, "rank " + std::to_string(1 - r) + " says the job has " +
+                                   std::to_string(theirs) + " ranks, this rank says " +
+                                   std::to_string(mine)));
+    }
+  }
+}
+
+TEST_CASE("hostile: a tcp rank started with another COHORT_TOKEN is refused, and rank 0 says so at "
+          "once instead of 'rank 1 never arrived' at its deadline") {
+  cf::job_spec spec = cf::make_spec(cf::kind::tcp, "token", 2);
+  cf::report_board board(2);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r)
+    pids.push_back(cf::spawn(r, [&](int rank) {
+      cf::rank_report& rep = board[rank];
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        auto o = cf::tcp_test_options(20s);
+        o.token = rank == 0 ? "the-token-of-rank-0" : "another-token";
+        auto comm = cohort::make_tcp_communicator(cf::info_for(spec, rank), o);
+        rep.completed = 1;
+      } catch (const cohort::error& e) {
+        cf::record(rep, e.code(), e.peer(), e.what());
+      }
+      rep.elapsed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                           std::chrono::steady_clock::now() - t0)
+                           .count();
+      rep.written = 1;
+      return 0;
+    }));
+  const auto status = cf::reap(pids, 60s);
+  for (int r = 0; r < 2; ++r) {
+    const cf::rank_report& rep = board[r];
+    INFO("rank ", r, ": ", cf::status_text(status[r]), ", ", cf::code_name(rep.code), " after ",
+         rep.elapsed_ms, " ms: ", rep.what);
+    CHECK(status[r] == 0);
+    CHECK(rep.completed == 0);
+    CHECK(rep.elapsed_ms < 3000);  // at once, not at the connect timeout
+    CHECK(contains(rep.what, "COHORT_TOKEN"));
+  }
+  CHECK(board[0].peer == 1);
+  CHECK(contains(board[0].what, "rank 1 was refused: wrong token"));
 }
