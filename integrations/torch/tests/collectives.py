@@ -7,6 +7,7 @@ reduction of every rank's input).
 import datetime
 import faulthandler
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -197,6 +198,22 @@ for i, (w, f) in enumerate(zip(works, futs)):
 w = dist.barrier(async_op=True)
 w.wait()
 check(w.is_completed(), "async barrier")
+
+# wait(timeout) gives up on work still in flight, which completes later.
+t = torch.ones(10)
+if rank == 0:
+    w = dist.all_reduce(t, async_op=True)
+    check(not w.is_completed(), "async: in flight while the other ranks have not called")
+    try:
+        w.wait(timeout=datetime.timedelta(milliseconds=300))
+        check(False, "async: wait(timeout) should time out")
+    except RuntimeError as e:
+        check("timed out" in str(e).lower(), f"async: wait(timeout) message: {e}")
+    check(w.wait(), "async: the late work completes")
+else:
+    time.sleep(1.5)
+    dist.all_reduce(t)
+check(torch.equal(t, torch.full((10,), float(P))), "async: the late all_reduce's result")
 
 # Point-to-point is not built from collectives: a clear error, and the group goes on.
 try:
