@@ -148,6 +148,10 @@ class tcp_store_server {
     if (thread_.joinable()) thread_.join();
   }
 
+  /// Changes how long connected clients may stay once it is destroyed (see
+  /// `tcp_store_server_options::linger`). Call it before the destructor starts.
+  void set_linger(std::chrono::milliseconds linger) { opts_.linger = linger; }
+
   /// The port it listens on.
   int port() const { return local_.port(); }
   /// The address it listens on, as "host:port".

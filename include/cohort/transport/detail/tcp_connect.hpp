@@ -119,7 +119,7 @@ class mesh_builder {
       const deadline slice = std::min(cfg_.until, clock::now() + disagreement_poll);
       missing = wait_for_ranks(store_, prefix, cfg_.size, slice, ec);
       if (ec != errc::timed_out || clock::now() >= cfg_.until) break;
-      if (told() || refused(missing)) return std::move(result_);
+      if (told() || refused(missing) || gave_up(missing)) return std::move(result_);
       if (cfg_.rank != 0) {
         std::error_code ig;
         const auto v = store_.try_get(prefix + "0", ig);
@@ -127,11 +127,16 @@ class mesh_builder {
           return disagree(0, published_size(*v));
       }
     }
-    if (ec == errc::timed_out && !missing.empty())
+    if (ec == errc::timed_out && !missing.empty()) {
+      // Said at the store, so that the ranks still waiting (whose deadlines may come a little
+      // later) learn the same cause now, even when the store goes with this rank.
+      std::error_code ig;
+      store_.set(gave_up_key(), std::to_string(cfg_.rank), ig);
       return fail(ec, missing.front(),
                   "rendezvous: " + describe_ranks(missing) + " never arrived (" +
                       std::to_string(missing.size()) + " of " + std::to_string(cfg_.size) +
                       " ranks missing at the deadline)");
+    }
     if (ec) return fail(ec, -1, "rendezvous: " + store_.last_error());
     std::vector<tcp::endpoint> peers(static_cast<std::size_t>(cfg_.rank));
     for (int q = 0; q < cfg_.rank; ++q) {
@@ -208,6 +213,21 @@ class mesh_builder {
                 "rendezvous: rank " + std::to_string(q) + " says the job has " +
                     std::to_string(theirs) + " ranks, this rank says " +
                     std::to_string(cfg_.size));
+  }
+
+  std::string gave_up_key() const { return cfg_.prefix + "gaveup"; }
+
+  // True (and failed, timed_out naming the first rank still missing) when another rank gave up
+  // waiting for the missing ranks at its deadline.
+  bool gave_up(const std::vector<int>& missing) {
+    std::error_code ig;
+    const auto v = store_.try_get(gave_up_key(), ig);
+    if (!v || missing.empty()) return false;
+    note(make_error_code(errc::timed_out), missing.front(),
+         "rendezvous: " + describe_ranks(missing) + " never arrived (" +
+             std::to_string(missing.size()) + " of " + std::to_string(cfg_.size) +
+             " ranks missing when rank " + *v + " gave up waiting at its deadline)");
+    return true;
   }
 
   // True (and failed) when another rank said at the store that it disagrees on the size.

@@ -224,7 +224,14 @@ COHORT_DECL tcp_transport::tcp_transport(const launch_info& info, tcp_options op
     co.timeout = opts.connect_timeout;
     s = std::make_unique<tcp_store>(host, port, co);
   }
-  setup(info, *s, std::move(opts));
+  try {
+    setup(info, *s, std::move(opts));
+  } catch (...) {
+    // The ranks still waiting at this rank's store learn from it why this rank gave up (they
+    // look every 100 ms): let them read it before the store goes.
+    if (server_) server_->set_linger(std::chrono::milliseconds(300));
+    throw;
+  }
   // Every rank has read what it needed from the store: each one handshook with rank 0, which
   // it does only after reading the token and every address it needs.
   server_.reset();
