@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -75,15 +76,23 @@ struct split_info {
 namespace detail {
 
 /// A 64-bit id of this host: hostname and boot id (so that containers with the same hostname
-/// on different machines differ, and the same machine after a reboot too).
+/// on different machines differ, and the same machine after a reboot too). COHORT_HOST, when
+/// set and not empty, replaces both: processes with the same value count as one host (tests
+/// fake several hosts on one machine with it; shared memory must still reach every process
+/// of one such host).
 inline std::uint64_t host_id() {
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  std::string id(name);
-  std::ifstream boot("/proc/sys/kernel/random/boot_id");
-  std::string boot_id;
-  if (boot) std::getline(boot, boot_id);
-  id += '/' + boot_id;
+  std::string id;
+  if (const char* fake = std::getenv("COHORT_HOST"); fake && *fake) {
+    id = std::string("COHORT_HOST=") + fake;
+  } else {
+    char name[256] = {};
+    ::gethostname(name, sizeof name - 1);
+    id = name;
+    std::ifstream boot("/proc/sys/kernel/random/boot_id");
+    std::string boot_id;
+    if (boot) std::getline(boot, boot_id);
+    id += '/' + boot_id;
+  }
   std::uint64_t h = 14695981039346656037ull;  // FNV-1a
   for (char c : id) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
   return h & 0x7fffffffffffffffull;

@@ -83,7 +83,7 @@ struct check_failed : std::runtime_error {
 
 // Runs one collective on this rank and checks this rank's result exactly; then checks that
 // every rank's result has the same hash where results are meant to be identical.
-template <element T, class Op, communicator Comm>
+template <element T, class Op, class Comm>
 void check(Comm& comm, kind k, const Op& op, std::size_t n, int root, std::uint64_t seed) {
   const int p = comm.size(), r = comm.rank();
   std::vector<T> in(n), out;
@@ -197,7 +197,7 @@ void check(Comm& comm, kind k, const Op& op, std::size_t n, int root, std::uint6
 
 // Random floats in [-1, 1): results must be bitwise equal on every rank and within
 // (P + 1) * eps * sum|x| of the exact (double) sum, eps being the unit roundoff of T.
-template <element T, communicator Comm>
+template <element T, class Comm>
 void check_rounding(Comm& comm, std::size_t n, std::uint64_t seed) {
   const int p = comm.size(), r = comm.rank();
   auto value = [&](int q, std::size_t i) {
