@@ -160,12 +160,22 @@ TEST_CASE("hierarchical over processes: 2 fake hosts x 2 ranks, shm hosts, TCP r
   check_no_segments(job);
 }
 
-TEST_CASE("hierarchical over processes: interleaved hosts get host-major ranks") {
+TEST_CASE("hierarchical over processes: interleaved hosts get host-major ranks (from launch_info)") {
   const std::string job = job_name("interleaved");
   cohort::tcp_store_server server("127.0.0.1", 0, {.token = token, .log = [](std::string_view) {}});
   const int port = server.port();
   const auto status = run_ranks(4, [&](int r) {
-    auto h = join(r, r % 2, port, job);  // world ranks 0, 2 on host 0; 1, 3 on host 1
+    // World ranks 0, 2 on host 0; 1, 3 on host 1; through the launch_info overload.
+    ::setenv("COHORT_HOST", ("fake-host-" + std::to_string(r % 2)).c_str(), 1);
+    cohort::tcp_store st("127.0.0.1", port, {.token = token});
+    cohort::launch_info info;
+    info.rank = r;
+    info.size = 4;
+    info.job_id = job;
+    cohort::tcp_options tcp;
+    tcp.interface = "lo";
+    tcp.token = token;
+    auto h = cohort::make_hierarchical_communicator(info, st, tcp);
     expect(h.host() == r % 2 && h.local_rank() == r / 2 && h.rank() == (r % 2) * 2 + r / 2,
            "ranks not host-major");
     suite<std::int32_t>(h, cohort::ops::sum, 70);
