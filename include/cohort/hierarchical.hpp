@@ -212,6 +212,13 @@ void all_reduce(H& h, const In& in, Out&& out, const Op& op, const call_options&
                                 std::ranges::data(out), std::ranges::size(out), op, opts).code;
 }
 
+/// As above, with the communicator's default deadline.
+template <hierarchical H, class In, class Out, class Op>
+  requires detail::all_reduce_args<In, Out, Op>
+void all_reduce(H& h, const In& in, Out&& out, const Op& op, std::error_code& ec) {
+  all_reduce(h, in, out, op, call_options{}, ec);
+}
+
 /// In place: reduces `data` across all ranks and leaves the result in `data`.
 template <hierarchical H, mutable_buffer Data, class Op>
   requires reduction_for<Op, buffer_element_t<Data>>
@@ -226,11 +233,18 @@ void all_reduce(H& h, Data&& data, const Op& op, const call_options& opts, std::
   all_reduce(h, std::span(data), std::span(data), op, opts, ec);
 }
 
+/// In place, reporting failure through `ec`, with the default deadline.
+template <hierarchical H, mutable_buffer Data, class Op>
+  requires reduction_for<Op, buffer_element_t<Data>>
+void all_reduce(H& h, Data&& data, const Op& op, std::error_code& ec) {
+  all_reduce(h, std::span(data), std::span(data), op, call_options{}, ec);
+}
+
 /// reduce_scatter over hosts: rank r keeps `block_of(n, P, r)` of the reduction. Inside each
 /// host, a ring reduce-scatter of the input packed by local rank (segment l: the blocks of
 /// every host's local rank l), then on each rail a ring reduce-scatter of that segment. Each
-/// rank sends (L-1)/L * n elements on its host and (H-1)/H * n/L across hosts. Results as
-/// `all_reduce`'s (the same combination order); ordered ops run the hierarchical all_reduce
+/// rank sends (L-1)/L * n elements on its host and (H-1)/H * n/L across hosts. Every rank calls
+/// it with the same n, type and op. Results as `all_reduce`'s (the same combination order); ordered ops run the hierarchical all_reduce
 /// and keep the block. `out` may be this rank's block of `in`. Throws `cohort::error`.
 template <hierarchical H, class In, class Out, class Op>
   requires detail::reduce_scatter_args<In, Out, Op>
@@ -263,8 +277,8 @@ void reduce_scatter(H& h, Data&& data, const Op& op, const call_options& opts = 
 
 /// all_gather over hosts: rank r's n elements land at out[r*n, (r+1)*n) on every rank. Each
 /// rail gathers its hosts' contributions ((H-1) * n elements sent per rank across hosts), then
-/// each host gathers its rails' ((L-1) * H * n per rank). Bitwise copies. Throws
-/// `cohort::error`.
+/// each host gathers its rails' ((L-1) * H * n per rank). Every rank calls it with the same n;
+/// `out` holds P*n elements. Bitwise copies, identical on every rank. Throws `cohort::error`.
 template <hierarchical H, class In, class Out>
   requires detail::buffer_pair<In, Out>
 void all_gather(H& h, const In& in, Out&& out, const call_options& opts = {}) {
@@ -325,8 +339,9 @@ void broadcast(H& h, const In& in, Out&& out, int root, const call_options& opts
 }
 
 /// reduce over hosts: each host reduces to its rank of the root's rail (a chain), then that
-/// rail reduces to the root (a chain across hosts). The same combination order as
-/// `all_reduce`; `out` is written on the root only. Throws `cohort::error`.
+/// rail reduces to the root (a chain across hosts). Every rank calls it with the same count,
+/// type, op and root; each sends the buffer once, on its host or (one rank per host) across.
+/// The same combination order as `all_reduce`; `out` is written on the root only. Throws.
 template <hierarchical H, class In, class Out, class Op>
   requires detail::reduce_args<In, Out, Op>
 void reduce(H& h, const In& in, Out&& out, const Op& op, int root,
@@ -353,7 +368,8 @@ void reduce(H& h, Data&& data, const Op& op, int root, const call_options& opts 
   reduce(h, std::span(data), std::span(data), op, root, opts);
 }
 
-/// barrier over hosts: a barrier inside each host, then on each rail. Throws `cohort::error`.
+/// barrier over hosts: every rank calls it; a barrier inside each host (L-1 one-byte steps),
+/// then on each rail (H-1). Throws `cohort::error`.
 template <hierarchical H>
 void barrier(H& h, const call_options& opts = {}) {
   detail::throw_if_failed(detail::hier::barrier(h, opts), "barrier");

@@ -74,4 +74,13 @@ compress::report compressed_all_reduce(H& h, Data&& data, Codec&& codec, const O
   return rep;
 }
 
+/// The sum (`ops::sum`), throwing `cohort::error` on failure.
+template <hierarchical H, mutable_buffer Data, class Codec>
+  requires std::same_as<buffer_element_t<Data>, float> &&
+           detail::compressed_all_reduce_args<Codec, ops::sum_t>
+compress::report compressed_all_reduce(H& h, Data&& data, Codec&& codec,
+                                       const call_options& opts = {}) {
+  return compressed_all_reduce(h, data, codec, ops::sum, opts);
+}
+
 }  // namespace cohort
