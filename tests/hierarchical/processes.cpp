@@ -224,3 +224,36 @@ TEST_CASE("hierarchical over processes: a killed rank fails every survivor in ti
     check_no_segments(job);
   }
 }
+
+TEST_CASE("hierarchical over processes: hosts of 2 and 1 ranks are invalid_argument everywhere") {
+  const std::string job = job_name("uneven");
+  cohort::tcp_store_server server("127.0.0.1", 0, {.token = token, .log = [](std::string_view) {}});
+  const int port = server.port();
+  const auto status = run_ranks(3, [&](int r) {
+    ::setenv("COHORT_HOST", r < 2 ? "fake-host-a" : "fake-host-b", 1);
+    cohort::tcp_store st("127.0.0.1", port, {.token = token});
+    cohort::launch_info info;
+    info.rank = r;
+    info.size = 3;
+    info.job_id = job;
+    cohort::tcp_options tcp;
+    tcp.interface = "lo";
+    tcp.token = token;
+    auto world = cohort::make_tcp_communicator(info, st, tcp);
+    try {
+      (void)cohort::make_hierarchical_communicator(world, st, tcp);
+    } catch (const cohort::error& e) {
+      expect(e.code() == cohort::errc::invalid_argument, e.what());
+      expect(std::string(e.what()).find("2, 1") != std::string::npos, e.what());
+      std::vector<int> x(10, 1);  // the world goes on
+      cohort::all_reduce(world, x, cohort::ops::sum);
+      expect(x[9] == 3, "the world's all_reduce is wrong");
+      return 0;
+    }
+    return 4;
+  });
+  for (std::size_t r = 0; r < status.size(); ++r) {
+    INFO("rank ", r, " exited with ", status[r]);
+    CHECK(status[r] == 0);
+  }
+}
