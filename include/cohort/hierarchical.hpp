@@ -8,7 +8,7 @@
 /// ```cpp
 /// auto world = cohort::make_tcp_communicator(cohort::launch_info_from_env());
 /// auto hier = cohort::make_hierarchical_communicator(world, store);  // <cohort/hierarchical_tcp.hpp>
-/// cohort::all_reduce(*hier, grads, cohort::ops::avg);
+/// cohort::all_reduce(hier, grads, cohort::ops::avg);
 /// ```
 ///
 /// Layout: every host has the same number of ranks L; host h's local rank l is rank h*L+l of
