@@ -165,9 +165,9 @@ int bench(cohort::tcp_communicator& world, cohort::hierarchical_tcp_communicator
     return 0;
   }
   // Compressed: uncompressed hierarchical all_reduce, bf16, top-k 1% + error feedback.
-  cohort::compress::error_feedback ef{cohort::compress::top_k(0.01)};
   const char* names[] = {"f32", "bf16", "topk1%+ef"};
   for (std::size_t bytes : {std::size_t{4} << 20, std::size_t{64} << 20}) {
+    cohort::compress::error_feedback ef{cohort::compress::top_k(0.01)};  // one per tensor
     std::vector<std::vector<double>> us(3), sent(3);
     std::vector<float> x(bytes / sizeof(float));
     for (std::size_t k = 0; k < x.size(); ++k) x[k] = float((k * 2654435761u) % 1000) * 1e-3f;
@@ -235,7 +235,11 @@ int main(int argc, char** argv) {
           cohort::tcp_store_server_options{.token = token, .log = [](std::string_view) {}});
     cohort::tcp_store st(addr, std::atoi(port), {.token = token});
     auto world = cohort::make_tcp_communicator(info, st);
-    auto h = cohort::make_hierarchical_communicator(world, st, {}, {}, {.base = info.job_id});
+    // HIER_SHM_SPIN_US / HIER_SHM_YIELD_US: the shared-memory waits (shm_options), for the bench.
+    cohort::shm_options shm;
+    if (const char* v = std::getenv("HIER_SHM_SPIN_US")) shm.spin = std::chrono::microseconds(std::atoi(v));
+    if (const char* v = std::getenv("HIER_SHM_YIELD_US")) shm.yield = std::chrono::microseconds(std::atoi(v));
+    auto h = cohort::make_hierarchical_communicator(world, st, {}, shm, {.base = info.job_id});
     std::printf("rank %d: connected as rank %d on host %d (%lld ms)\n", info.rank, h.rank(),
                 h.host(),
                 static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
