@@ -13,6 +13,7 @@ usage: netns_hier.py CASE HIER_RANK HxL RATE
   kill_host   all_reduce in a loop; SIGKILL every rank of the last host; every survivor must fail
               with peer_lost or timed_out within the deadline
   kill_rank   the same, killing one rank (local rank 1 of host 0)
+  kill_rank0  the same, killing rank 0 (which hosts the store)
 
 Also a library for bench/hierarchical/netns_bench.py (`Hosts`, `start_ranks`). Every wait is
 bounded; namespaces and processes are removed on every path, and so is whatever the job left in
@@ -212,6 +213,10 @@ def case_kill_host(rank_program, layout, rate):
 
 def case_kill_rank(rank_program, layout, rate):
     kill_case(rank_program, layout, rate, lambda h, l: [1])
+
+
+def case_kill_rank0(rank_program, layout, rate):
+    kill_case(rank_program, layout, rate, lambda h, l: [0])
 
 
 def main():
