@@ -12,8 +12,10 @@ matplotlib when gnuplot is missing.
     bench/collectives/compare.py --build build-bench --ranks 2,4 \\
         --sizes 4,1K,64K,1M,16M,64M --rounds 5 --csv out.csv --plot out.svg
 
-The same driver serves the TCP transport once cohort has one:
+The same driver serves the TCP transport, and cohort over MPI (mpi_transport, both under the
+same mpirun and btl):
     compare.py --transport tcp --mpi-btl tcp ...
+    compare.py --transport mpi ...
 
 Stdlib only. Exit status 0 when every run passed its checks, 1 otherwise.
 """
@@ -104,11 +106,10 @@ def commands(args, ranks):
         mpirun.append("--allow-run-as-root")
     mpirun += ["--oversubscribe", "-np", str(ranks), "--mca", "pml", "ob1"]
     mpirun += MPI_BTL_ARGS[args.mpi_btl]
-    return {
-        "cohort": prefix + [args.cohort, "--ranks", str(ranks), "--transport", args.transport]
-                  + common,
-        "mpi": prefix + mpirun + [args.mpi] + common,
-    }
+    cohort = [args.cohort, "--ranks", str(ranks), "--transport", args.transport] + common
+    if args.transport == "mpi":  # cohort over mpi_transport runs under the same mpirun
+        cohort = mpirun + cohort
+    return {"cohort": prefix + cohort, "mpi": prefix + mpirun + [args.mpi] + common}
 
 
 def run_once(cmd, timeout):
