@@ -66,6 +66,18 @@
 #define COHORT_BENCH_HAS_MPI 0
 #endif
 
+// The TCP transport and the hierarchical communicator (shm hosts, TCP rails), where this program
+// is built with Boost.Asio (--transport tcp|hier under a launcher).
+#if __has_include(<boost/asio.hpp>) && __has_include(<cohort/hierarchical_tcp.hpp>)
+#include <cohort/hierarchical_tcp.hpp>
+#include <cohort/rendezvous/tcp_store.hpp>
+#include <cohort/rendezvous/tcp_store_server.hpp>
+#include <cohort/transport/tcp.hpp>
+#define COHORT_BENCH_HAS_TCP 1
+#else
+#define COHORT_BENCH_HAS_TCP 0
+#endif
+
 #include "driver.hpp"
 
 namespace cohort::bench {
@@ -73,8 +85,8 @@ namespace {
 
 constexpr const char* program = "cohort-bench";
 
-/// A cohort communicator as the timing loop sees it (models `rank_group`).
-template <communicator Comm>
+/// A cohort communicator (flat or hierarchical) as the timing loop sees it (models `rank_group`).
+template <class Comm>
 class cohort_group {
  public:
   explicit cohort_group(Comm& comm) : comm_(comm) {}
@@ -88,7 +100,7 @@ class cohort_group {
 };
 
 /// Calls the collective `o.op` once, with the buffers `shape_of` describes.
-template <communicator Comm, element T, class Op>
+template <class Comm, element T, class Op>
 void call_collective(Comm& comm, const options& o, const Op& op, std::span<const T> in,
                      std::span<T> out) {
   switch (o.op) {
@@ -100,7 +112,7 @@ void call_collective(Comm& comm, const options& o, const Op& op, std::span<const
 }
 
 /// One rank's whole run; rank 0 prints. Returns the number of sizes whose check failed.
-template <communicator Comm>
+template <class Comm>
 int run_rank(Comm& comm, const options& o, const run_info& run) {
   cohort_group<Comm> group(comm);
   std::optional<reporter> rep;
@@ -220,7 +232,33 @@ void check_ranks(const options& o, int ranks) {
                       std::to_string(ranks));
 }
 
-/// Joins the job a launcher started, as one rank over shared memory.
+#if COHORT_BENCH_HAS_TCP
+/// One rank over TCP, or over the hierarchical communicator: shm among the ranks of a host, TCP
+/// rails between hosts, set up through a store that rank 0 hosts on MASTER_PORT + 1 (with
+/// COHORT_TOKEN, which a job across hosts needs).
+int run_tcp_rank(const launch_info& info, const options& o, run_info run) {
+  tcp_communicator world = make_tcp_communicator(info);
+  if (o.transport == "tcp") return run_rank(world, o, run) > 0 ? 1 : 0;
+  if (info.master_addr.empty() || info.master_port == 0)
+    throw usage_error("--transport hier needs MASTER_ADDR and MASTER_PORT (the store of its "
+                      "setup listens on MASTER_PORT + 1)");
+  const char* token = std::getenv("COHORT_TOKEN");
+  std::unique_ptr<tcp_store_server> server;
+  if (info.rank == 0)
+    server = std::make_unique<tcp_store_server>(
+        info.master_addr, info.master_port + 1,
+        tcp_store_server_options{.token = token ? token : "", .log = [](std::string_view) {}});
+  tcp_store st(info.master_addr, info.master_port + 1, {.token = token ? token : ""});
+  auto hier = make_hierarchical_communicator(world, st, {}, {}, {.base = info.job_id});
+  barrier(world);  // every rank has read the store: rank 0 may close it
+  server.reset();
+  run.transport = "hier " + std::to_string(hier.hosts()) + "x" + std::to_string(hier.local_size());
+  return run_rank(hier, o, run) > 0 ? 1 : 0;
+}
+#endif
+
+/// Joins the job a launcher started, as one rank over shared memory (or TCP, or the
+/// hierarchical communicator).
 int join_job(const options& o, const launch_info& info, run_info run) {
   if (o.ranks > 0 && o.ranks != info.size)
     throw usage_error("--ranks " + std::to_string(o.ranks) + " but the launcher (" +
@@ -230,6 +268,18 @@ int join_job(const options& o, const launch_info& info, run_info run) {
     throw usage_error("--transport loopback runs ranks as threads of one process; under a "
                       "launcher use shm");
   check_ranks(o, info.size);
+  if (o.transport == "tcp" || o.transport == "hier") {
+#if COHORT_BENCH_HAS_TCP
+    run.transport = o.transport;
+    run.launch = std::string(launcher_name(info.source));
+    run.ranks = info.size;
+    if (info.rank == 0) run.ceiling = measure_memcpy(o.sizes.back());
+    return report_errors(std::string(program) + ": rank " + std::to_string(info.rank),
+                         [&] { return run_tcp_rank(info, o, run); });
+#else
+    throw usage_error("--transport " + o.transport + ": this build has no Boost.Asio");
+#endif
+  }
 #if COHORT_BENCH_HAS_SHM
   run.transport = "shm";
   run.launch = std::string(launcher_name(info.source));
@@ -286,6 +336,10 @@ int run(const options& o) {
       !o.transport.empty() ? o.transport : (COHORT_BENCH_HAS_SHM ? "shm" : "loopback");
   run.ceiling = measure_memcpy(o.sizes.back());
   if (transport == "loopback") return run_threads(o, run.ranks, run);
+  if (transport == "tcp" || transport == "hier")
+    throw usage_error("--transport " + transport + " joins a launched job: run it under "
+                      "cohort-run, torchrun, mpirun or srun (e.g. cohort-run -n 4 cohort-bench "
+                      "--transport " + transport + ")");
 #if COHORT_BENCH_HAS_SHM
   return run_forked(o, run.ranks, run);
 #else

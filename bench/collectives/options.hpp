@@ -142,8 +142,9 @@ inline std::string usage(std::string_view program, bool with_transport) {
   text += with_transport
               ? "  --ranks P           ranks to start (default 2); under a launcher, its count\n"
                 "  --transport NAME    loopback (threads), shm (processes; the default when\n"
-                "                      this build has it) or mpi (under mpirun, in a build\n"
-                "                      with MPI)\n"
+                "                      this build has it), mpi (under mpirun, in a build\n"
+                "                      with MPI), tcp or hier (shm in a host, TCP between\n"
+                "                      hosts; both under a launcher, in a build with Asio)\n"
               : "  --ranks P           fails unless mpirun started exactly P ranks\n";
   text +=
       "  --warmup N          warmup calls per size, at least 1; they size the timed\n"
@@ -250,9 +251,10 @@ inline options parse_options(int argc, char** argv, bool with_transport) {
       throw usage_error("--transport: mpirun's --mca options choose the MPI transport");
     } else if (arg == "--transport") {
       o.transport = std::string(next());
-      if (o.transport != "loopback" && o.transport != "shm" && o.transport != "mpi")
+      if (o.transport != "loopback" && o.transport != "shm" && o.transport != "mpi" &&
+          o.transport != "tcp" && o.transport != "hier")
         throw usage_error("--transport: unknown value '" + o.transport +
-                          "' (loopback, shm or mpi)");
+                          "' (loopback, shm, mpi, tcp or hier)");
     } else if (arg == "--root") {
       o.root = static_cast<int>(detail::parse_integer(arg, next(), 0, 1023));
     } else if (arg == "--warmup") {
