@@ -834,3 +834,134 @@ TEST_CASE("stop: a call that times out on a stopped peer returns at its deadline
   CHECK(board[0].elapsed_ms >= 500);
   CHECK(board[0].elapsed_ms < 800);
 }
+
+namespace {
+
+// A straggler that comes back: rank 1 of 3 is SIGSTOPped in an all_reduce of 64 MiB (more than
+// the sockets hold, so that data waits in both directions), the others time out on it and abort,
+// and only then is it SIGCONTed: with the survivors gone (their sockets closed), or still there
+// with their failed communicators. Its pending call must fail with the cause the survivors sent
+// in their abort frames ("rank 2 failed: all_reduce #1: timed out waiting for rank 1"), as it
+// does over shm. Over TCP, with the survivors still there, it said "timed out waiting for rank
+// 0": its own deadline had passed while it was stopped, and it looked only at the connection it
+// waited on, where the abort frame waited behind data, not at the other one, where it was first
+// in line (tcp unit: 'tcp engine: ... last words' for the same on a lost connection).
+void stop_then_continue(cf::kind transport, const kill_point& point, bool survivors_stay) {
+  constexpr int size = 3, victim = 1;
+  constexpr std::size_t n = std::size_t{16} << 20;
+  const cf::job_spec spec = cf::make_spec(transport, "cont", size);
+  cf::report_board board(size + 1);  // board[size].value: 1 once the survivors may go
+  auto& release = board[size].value;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < size; ++r)
+    pids.push_back(cf::spawn(r, [&](int rank) -> int {
+      cf::rank_report& rep = board[rank];
+      cf::fault_plan plan;
+      plan.note = rep.where;
+      plan.note_size = sizeof rep.where;
+      cf::with_comm(spec, rank, &plan, [&](auto& comm) {
+        comm.set_timeout(30s);
+        std::vector<float> x(n, 1.0f);
+        cohort::all_reduce(comm, x, cohort::ops::sum);  // the dry run counts the operations
+        comm.set_timeout(1000ms);
+        if (rank == victim) arm(plan, point, plan.ops, plan.sends, fault_action::stop);
+        plan.reset();
+        std::error_code ec;
+        cohort::all_reduce(comm, x, cohort::ops::sum, {}, ec);  // the victim stops in here
+        if (rank == victim)  // continued; board[victim].value: when (steady clock, ns)
+          rep.elapsed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               cf::steady::now().time_since_epoch() -
+                               std::chrono::nanoseconds(rep.value))
+                               .count();
+        const cohort::failure* f = comm.last_failure();
+        cf::record(rep, ec, f ? f->peer : -2, f ? f->what : std::string());
+        std::error_code again;
+        cohort::all_reduce(comm, x, cohort::ops::sum, {.timeout = 5s}, again);
+        rep.poisoned_ok = again == errc::poisoned;
+        rep.written = 1;
+        if (rank != victim && survivors_stay)
+          while (__atomic_load_n(&release, __ATOMIC_ACQUIRE) == 0) std::this_thread::sleep_for(1ms);
+      });
+      return 0;
+    }));
+  const std::string how = std::string(cf::kind_name(transport)) + ", rank 1 stopped " + point.name +
+                          (survivors_stay ? ", the survivors still there" : ", the survivors gone");
+  INFO(how);
+  // The survivors time out (and, unless they stay, exit) while the victim is stopped.
+  const auto limit = cf::steady::now() + 60s;
+  std::vector<int> status(size, cf::killed_at_limit);
+  bool stopped = false, exited = false;
+  while (!stopped && !exited && cf::steady::now() < limit) {
+    int st = 0;
+    if (::waitpid(pids[victim], &st, WUNTRACED | WNOHANG) == pids[victim]) {
+      stopped = WIFSTOPPED(st);
+      exited = !stopped;
+      if (exited) status[victim] = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+    }
+    if (!stopped) std::this_thread::sleep_for(1ms);
+  }
+  if (!stopped) {  // it never got to its stop: end the others, and say so below
+    for (int r = 0; r < size; ++r)
+      if (r != victim) status[r] = cf::reap({pids[r]}, 1ms)[0];
+    if (!exited) status[victim] = cf::reap({pids[victim]}, 1ms)[0];
+  }
+  {
+    INFO("rank 1 never stopped: ", cf::status_text(status[victim]), ": ", board[victim].what);
+    REQUIRE(stopped);
+  }
+  for (int r = 0; r < size; ++r) {
+    if (r == victim) continue;
+    while (!board[r].written && cf::steady::now() < limit) std::this_thread::sleep_for(1ms);
+    if (!survivors_stay) status[r] = cf::reap({pids[r]}, limit - cf::steady::now())[0];
+  }
+  board[victim].value = cf::steady::now().time_since_epoch().count();
+  ::kill(pids[victim], SIGCONT);
+  status[victim] = cf::reap({pids[victim]}, 20s)[0];
+  __atomic_store_n(&release, 1, __ATOMIC_RELEASE);
+  for (int r = 0; r < size; ++r)
+    if (r != victim && survivors_stay) status[r] = cf::reap({pids[r]}, 20s)[0];
+
+  for (int r = 0; r < size; ++r) {
+    const cf::rank_report& rep = board[r];
+    INFO("rank ", r, ": ", cf::status_text(status[r]), ", ", cf::code_name(rep.code), ", peer ",
+         rep.peer, ": ", rep.what);
+    CHECK(status[r] == 0);
+    CHECK(rep.written == 1);
+    CHECK(rep.poisoned_ok == 1);
+    if (r != victim) CHECK(rep.code == static_cast<int>(errc::timed_out));
+  }
+  const cf::rank_report& rep = board[victim];
+  const std::string what = rep.what;
+  MESSAGE(how, ": it failed ", rep.elapsed_ms, " ms after SIGCONT with ", cf::code_name(rep.code),
+          ", peer ", rep.peer, ": ", what);
+  INFO("rank 1 (continued), stopped ", rep.where, ": ", cf::code_name(rep.code), ", peer ",
+       rep.peer, " after ", rep.elapsed_ms, " ms: ", what);
+  // The survivors' cause, naming the rank it came from: a survivor's timeout.
+  CHECK(rep.code == static_cast<int>(errc::timed_out));
+  CHECK(rep.peer != victim);
+  CHECK(rep.peer >= 0);
+  CHECK(what.find("rank " + std::to_string(rep.peer) + " failed: ") != std::string::npos);
+  CHECK(what.find("timed out waiting for rank") != std::string::npos);
+  CHECK(what.find("lost rank") == std::string::npos);
+  CHECK(rep.elapsed_ms < 1000);  // at once: it waits for nothing
+}
+
+void stop_then_continue(cf::kind transport) {
+  using w = kill_point::where;
+  const kill_point points[] = {{w::op, 0, false, "before its call"},
+                               {w::fraction, 0.5, true, "half-way through its call"}};
+  for (const auto& point : points)
+    for (const bool stay : {false, true}) stop_then_continue(transport, point, stay);
+}
+
+}  // namespace
+
+TEST_CASE("stop: a rank SIGCONTed after the others timed out on it fails with the cause they "
+          "sent, not 'lost rank' or a timeout of its own, over tcp") {
+  stop_then_continue(cf::kind::tcp);
+}
+
+TEST_CASE("stop: a rank SIGCONTed after the others timed out on it fails with the cause they "
+          "sent, over shm") {
+  stop_then_continue(cf::kind::shm);
+}

@@ -162,6 +162,37 @@ struct engine_raw {
   }
 };
 
+// Rank 0 of three, with the raw other ends of its sockets to ranks 1 and 2.
+struct engine_trio {
+  std::unique_ptr<tcpd::engine> e;
+  net::unique_fd raw[3];
+  engine_trio() {
+    std::vector<net::unique_fd> fds(3);
+    for (int q = 1; q < 3; ++q) {
+      int sv[2];
+      REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) == 0);
+      fds[q].reset(sv[0]);
+      raw[q].reset(sv[1]);
+    }
+    tcpd::engine_options o;
+    o.spin = 0us;
+    o.abort_linger = 200ms;
+    e = std::make_unique<tcpd::engine>(0, 3, std::move(fds),
+                                       std::vector<std::string>{"a", "b", "c"}, o);
+  }
+  void inject(int q, const void* p, std::size_t n) {
+    REQUIRE(::send(raw[q].get(), p, n, MSG_NOSIGNAL) == static_cast<ssize_t>(n));
+  }
+};
+
+// An abort frame: `origin` failed with `code`, saying `what`.
+std::vector<std::byte> abort_frame(int origin, cohort::errc code, const std::string& what) {
+  std::vector<std::byte> f(tcpd::frame_header_size + tcpd::max_control_frame);
+  f.resize(
+      tcpd::encode_abort(f.data(), f.size(), origin, {cohort::make_error_code(code), 0, what}));
+  return f;
+}
+
 std::vector<std::byte> pattern(std::size_t n, unsigned seed) {
   std::vector<std::byte> v(n);
   for (std::size_t i = 0; i < n; ++i)
@@ -448,6 +479,78 @@ TEST_CASE("tcp engine: an abort frame behind bytes nobody asked for is still see
   CHECK(ec == cohort::errc::timed_out);
   REQUIRE(x.e->remote_failure());
   CHECK(x.e->remote_failure()->what == "stuck");
+}
+
+// Last words: before a wait fails for a reason of this rank's own, it reads what the peers
+// still have to say. A rank SIGSTOPped in a call and continued after the others aborted must
+// learn their cause (tests/faults: 'stop: a rank SIGCONTed after the others timed out on it ...').
+
+TEST_CASE("tcp engine: last words: a peer lost at the end of its stream, and the abort frame "
+          "another peer sent is read before the wait says peer_lost") {
+  engine_trio x;
+  const auto cause = abort_frame(2, cohort::errc::timed_out, "rank 2 timed out waiting for rank 1");
+  x.inject(2, cause.data(), cause.size());
+  const auto data = pattern(100, 8);
+  std::byte h[tcpd::frame_header_size];
+  tcpd::encode_frame_header(h, tcpd::frame_type::data, 100);
+  x.inject(1, h, sizeof h);
+  x.inject(1, data.data(), data.size());
+  x.raw[1].reset();  // rank 1 closed after 100 of the 200 bytes rank 0 waits for
+  std::vector<std::byte> got(200);
+  auto r = x.e->recv(1, got);
+  std::error_code ec;
+  x.e->wait(r, cohort::clock::now() + 5s, ec);
+  CHECK(ec == cohort::errc::timed_out);  // the code rank 2 aborted with, not peer_lost
+  REQUIRE(x.e->remote_failure());
+  CHECK(x.e->remote_failure()->peer == 2);
+  CHECK(x.e->remote_failure()->what == "rank 2 timed out waiting for rank 1");
+}
+
+TEST_CASE("tcp engine: last words: a lost connection is read to its end for the abort frame, "
+          "past data nobody asked for") {
+  engine_raw x;
+  // More than the staging buffer (64 KiB) holds, then the abort frame, then the end.
+  const auto data = pattern(150 * 1024, 9);
+  x.inject_frame(tcpd::frame_type::data, data);
+  const auto cause = abort_frame(1, cohort::errc::timed_out, "rank 1 timed out waiting for rank 0");
+  x.inject(cause.data(), cause.size());
+  x.raw.reset();
+  // Rank 0 sends: the send fails (the peer is gone); what it had said is still to be read.
+  const auto mine = pattern(8, 10);
+  auto s = x.e->send(1, mine);
+  std::error_code ec;
+  x.e->wait(s, cohort::clock::now() + 5s, ec);
+  CHECK(ec == cohort::errc::timed_out);
+  REQUIRE(x.e->remote_failure());
+  CHECK(x.e->remote_failure()->what == "rank 1 timed out waiting for rank 0");
+}
+
+TEST_CASE("tcp engine: last words: a wait whose deadline passed while the process was stopped "
+          "reads the abort frame that came meanwhile, from any peer") {
+  engine_trio x;
+  const auto cause = abort_frame(2, cohort::errc::mismatch, "rank 2 saw another call");
+  x.inject(2, cause.data(), cause.size());
+  std::vector<std::byte> got(8);
+  auto r = x.e->recv(1, got);  // rank 1 sent nothing: its frame, if any, waits behind data
+  std::error_code ec;
+  x.e->wait(r, cohort::clock::now() - 1ms, ec);
+  CHECK(ec == cohort::errc::mismatch);
+  REQUIRE(x.e->remote_failure());
+  CHECK(x.e->remote_failure()->peer == 2);
+  // With nothing to read anywhere, a passed deadline is timed_out, and the stream stays usable.
+  engine_trio quiet;
+  auto q = quiet.e->recv(1, got);
+  quiet.e->wait(q, cohort::clock::now() - 1ms, ec);
+  CHECK(ec == cohort::errc::timed_out);
+  CHECK(quiet.e->remote_failure() == nullptr);
+  const auto data = pattern(8, 11);
+  std::byte h[tcpd::frame_header_size];
+  tcpd::encode_frame_header(h, tcpd::frame_type::data, 8);
+  quiet.inject(1, h, sizeof h);
+  quiet.inject(1, data.data(), data.size());
+  quiet.e->wait(q, cohort::clock::now() + 5s, ec);
+  CHECK_FALSE(ec);
+  CHECK(got == data);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -14,6 +14,12 @@
 ///   kernel. Nothing is allocated per message.
 /// - A read of 0 bytes or a socket error marks the connection lost: every pending and later
 ///   operation with that peer fails with `errc::peer_lost` once the staged bytes are used up.
+/// - Before a wait fails for a reason of this rank's own (a lost peer, its deadline), it reads
+///   the peers' last words: one look at every connection without blocking, and a lost one read
+///   to its end (data nobody can receive any more discarded). A peer that aborted said why in an
+///   abort frame, which may wait behind data or on another connection than the awaited one; a
+///   rank that was stopped past its deadline (SIGSTOP) and continued learns that cause, not
+///   "lost rank N" or a timeout of its own.
 /// - `abort` drops every pending operation (the engine never touches their buffers again),
 ///   finishes a half-written frame with zeros, and sends an abort frame to every peer, waiting
 ///   at most `abort_linger` for the kernel to take it, and never past the deadline of the last
@@ -107,6 +113,7 @@ struct connection {
   std::error_code lost;  // peer_lost or protocol_error once the stream is unusable
   std::string why;       // what the kernel or the parser said when it was lost
   bool hup = false;      // the kernel reported hang-up or error; read to learn more
+  bool drained = false;  // lost, and read to its end for an abort frame (last_words)
 
   bool has_tx() const noexcept {
     return !lost &&
@@ -205,13 +212,30 @@ class engine {
         adapt_spin(spun, blocked);
         return;
       }
-      if (failed(c, ec)) return;
+      if (failed(c, ec)) {
+        if (!remote_ && !aborted_) {  // the peer's end: did a peer say why?
+          last_words();
+          ec.clear();
+          failed(c, ec);
+        }
+        return;
+      }
       if (c.hup) {  // the kernel said the socket is dead, and what it held did not complete req
         lose(c, errc::peer_lost, "connection reset");
         continue;
       }
       const auto now = clock::now();
       if (now >= until) {
+        // What arrived meanwhile still counts (this rank may have been stopped past its
+        // deadline): a peer's abort frame, or what completes req.
+        if (!aborted_) {
+          last_words();
+          if (done(c, req)) {
+            req = {};
+            return;
+          }
+          if (failed(c, ec)) return;
+        }
         ec = errc::timed_out;
         return;
       }
@@ -310,10 +334,101 @@ class engine {
   }
 
   // A send failed: the peer reset or closed. Its last words (an abort frame) may still wait
-  // on the receiving side; read them before the connection is written off.
+  // on the receiving side; read them before the connection is written off (and the rest of
+  // the stream, when a wait fails: last_words).
   void lose_sending(connection& c, int err) {
     if (!aborted_) pump_rx(c);
     lose_errno(c, err);
+  }
+
+  // Before a wait fails for a reason of this rank's own: what the peers still have to say. A
+  // peer that aborted sent an abort frame saying why; it may wait on another connection than
+  // the one that failed, or behind data on a lost one. One look at every connection without
+  // blocking (as far as staging goes: the data of live connections is kept), then every lost
+  // connection read to its end. Sets remote_ when an abort frame is found.
+  void last_words() {
+    if (remote_ || aborted_) return;
+    poll_once(clock::duration::zero());
+    for (auto& c : conns_) {
+      if (remote_) return;
+      if (!c.fd) continue;
+      if (c.hup && !c.lost) pump_rx(c);
+      if (c.lost == errc::peer_lost && !c.drained) drain_lost(c);
+    }
+  }
+
+  // Reads a lost connection to its end, looking for an abort frame past what was parsed: the
+  // staged bytes first, then what the kernel holds. Data payloads are skipped (no receive can
+  // get them any more; the staged bytes stay for those already posted or posted later).
+  void drain_lost(connection& c) {
+    c.drained = true;
+    std::byte frame[frame_header_size + max_control_frame];
+    std::size_t have = 0, need = frame_header_size;
+    std::uint64_t skip = 0;  // payload bytes of a data frame still to pass over
+    // A whole header or control frame is in `frame`; false once there is nothing more to find.
+    const auto parsed = [&]() -> bool {
+      const auto h = decode_frame_header(frame);
+      if (!h) return false;  // not a stream this engine can follow
+      if (need == frame_header_size) {
+        if (h->type == frame_type::data) {
+          skip = h->length;
+          have = 0;
+        } else {
+          need = frame_header_size + h->length;  // at most max_control_frame: checked
+        }
+        return true;
+      }
+      control(c, *h, frame + frame_header_size);
+      have = 0;
+      need = frame_header_size;
+      return !remote_;
+    };
+    const auto feed = [&](const std::byte* p, std::size_t n) -> bool {
+      while (n > 0) {
+        if (skip > 0) {
+          const std::size_t k = static_cast<std::size_t>(std::min<std::uint64_t>(skip, n));
+          skip -= k;
+          p += k;
+          n -= k;
+          continue;
+        }
+        const std::size_t k = std::min(need - have, n);
+        std::memcpy(frame + have, p, k);
+        have += k;
+        p += k;
+        n -= k;
+        if (have == need && !parsed()) return false;
+      }
+      return true;
+    };
+    // The first frame header not parsed yet: at rd, or past the current data frame and what the
+    // look-ahead read beyond it.
+    const std::uint64_t staged_end = c.abs_rd + (c.wr - c.rd);
+    const std::uint64_t next =
+        c.rx_frame_left == 0 ? c.abs_rd : std::max(c.scan_abs, c.abs_rd + c.rx_frame_left);
+    if (next < staged_end) {
+      if (!feed(c.stage.get() + c.rd + (next - c.abs_rd), staged_end - next)) return;
+    } else {
+      skip = next - staged_end;
+    }
+    std::byte sink[65536];
+    std::uint64_t budget = std::uint64_t{256} << 20;  // more than a kernel holds for a socket
+    while (!remote_ && budget > 0) {
+      const bool skipping = skip > 0;
+      const std::size_t want =
+          skipping ? static_cast<std::size_t>(std::min<std::uint64_t>(skip, sizeof sink))
+                   : need - have;
+      const ssize_t n = ::recv(c.fd.get(), skipping ? sink : frame + have, want, MSG_DONTWAIT);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;  // the end, an error, or nothing more for now
+      budget -= std::min<std::uint64_t>(budget, static_cast<std::uint64_t>(n));
+      if (skipping) {
+        skip -= static_cast<std::uint64_t>(n);
+      } else {
+        have += static_cast<std::size_t>(n);
+        if (have == need && !parsed()) return;
+      }
+    }
   }
 
   void flush_all() {
