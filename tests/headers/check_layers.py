@@ -23,6 +23,9 @@ RULES = [
     ("cohort/cuda/ipc.hpp", ["cohort/compress/"]),
     ("cohort/cuda/detail/ipc_", ["cohort/compress/"]),
     ("cohort/training/", ["cohort/async", "cohort/transport/", "cohort/rendezvous/"]),
+    # The parameter server runs over any communicator: it names no transport.
+    ("cohort/parameter_server", ["cohort/async", "cohort/transport/", "cohort/rendezvous/",
+                                 "cohort/collectives/"]),
     # What the host and the device must agree on, bit for bit, in headers nvcc reads: they
     # include nothing of cohort.
     ("cohort/core/detail/reduction_tags.hpp", ["cohort/"]),
@@ -38,6 +41,7 @@ BOOST_FREE = [
     ("cohort/cohort.hpp", []),
     ("cohort/transport/shm.hpp", []),
     ("cohort/training/local_sgd.hpp", []),
+    ("cohort/parameter_server.hpp", []),
     ("cohort/rendezvous/tcp_store.hpp", []),
     ("cohort/rendezvous/file_store.hpp", []),
     ("cohort/transport/tcp.hpp", ["-DCOHORT_SEPARATE_COMPILATION"]),
