@@ -27,7 +27,7 @@ namespace cohort::ps {
 /// Each server rank builds one over its communicator, then calls `serve`. It serves whichever
 /// worker is ready: a receive for the next request is posted to every worker, and the loop
 /// looks at each in turn, then waits on one for a short slice that grows while nothing comes
-/// (50 us to 2 ms; 300 ms after 100 ms of silence, long enough for the transport to notice a
+/// (20 us to 250 us; 300 ms after 100 ms of silence, long enough for the transport to notice a
 /// dead process). Requests from one worker are served in order; a request that must wait (a
 /// sync push of a later step, a pull whose step or staleness bound is not met) holds that
 /// worker's stream until it can be served. Replies are copies of the shard taken when served,
@@ -129,7 +129,7 @@ class server {
     const milliseconds idle_limit =
         opts_.idle_timeout.count() > 0 ? opts_.idle_timeout : comm_.timeout();
     auto last_progress = clock::now();
-    auto slice = microseconds(50);
+    auto slice = microseconds(20);
     std::size_t turn = 0;
     while (active_ > 0) {
       bool progressed = false;
@@ -153,7 +153,7 @@ class server {
       const auto now = clock::now();
       if (progressed) {
         last_progress = now;
-        slice = microseconds(50);
+        slice = microseconds(20);
         continue;
       }
       if (now - last_progress > idle_limit) {
@@ -177,7 +177,7 @@ class server {
       const auto d = now - last_progress >= milliseconds(100)
                          ? duration_cast<microseconds>(milliseconds(300))
                          : slice;
-      slice = std::min(slice * 2, duration_cast<microseconds>(milliseconds(2)));
+      slice = std::min(slice * 2, microseconds(250));
       if (target == nullptr) {
         std::this_thread::sleep_for(microseconds(200));  // every worker waits on a condition
         continue;
