@@ -5,6 +5,10 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cohort/compress/cast.hpp>
+#include <cohort/compress/error_feedback.hpp>
+#include <cohort/compress/quantize.hpp>
+#include <cohort/compress/top_k.hpp>
 #include <cohort/parameter_server.hpp>
 #include <cohort/transport/loopback.hpp>
 #include <functional>
@@ -398,4 +402,98 @@ TEST_CASE("ps a lost server is peer_lost naming the shard it held") {
   });
   CHECK(failures == 0);
   CHECK(named >= 1);  // the first to notice names it; the other may hear its abort instead
+}
+
+TEST_CASE("ps compressed pushes: bf16 exact on representable values, fewer bytes") {
+  const ps::roles roles{2, 4};
+  std::atomic<int> failures{0};
+  std::atomic<std::uint64_t> bytes{0};
+  run_ranks(4, [&](comm_type& comm) {
+    try {
+      if (roles.is_server(comm.rank())) {
+        auto o = plain(ps::consistency::sync());
+        o.compress = ps::push_codec(cohort::compress::bf16);
+        ps::server srv(comm, keys, roles, o);
+        srv.serve();
+        return;
+      }
+      ps::worker wk(comm, keys, roles, {ps::push_codec(cohort::compress::bf16)});
+      const int w = roles.worker_index(comm.rank());
+      std::vector<float> g(1001, float(2 * (w + 1))), weights(1001);
+      for (int t = 0; t < 4; ++t) {
+        wk.wait(wk.pull(7, weights));
+        if (weights[500] != -3.0f * float(t)) ++failures;  // mean of 2 and 4 per step
+        wk.wait(wk.push(7, g));
+      }
+      bytes += wk.bytes_pushed();
+      wk.finish();
+    } catch (const std::exception& e) {
+      MESSAGE(e.what());
+      ++failures;
+    }
+  });
+  CHECK(failures == 0);
+  // 2 workers x 4 pushes x (1001 x 2 bytes + 2 headers of 56)
+  CHECK(bytes == 2 * 4 * (1001 * 2 + 2 * 56));
+}
+
+TEST_CASE("ps compressed pushes: top-k with error feedback on the worker loses nothing") {
+  const ps::roles roles{1, 2};
+  std::atomic<int> failures{0};
+  std::vector<float> after;
+  const int steps = 40;
+  run_ranks(2, [&](comm_type& comm) {
+    const auto codec =
+        ps::push_codec(cohort::compress::error_feedback(cohort::compress::top_k(0.05)));
+    if (comm.rank() == 0) {
+      auto o = plain(ps::consistency::async());
+      o.compress = codec;
+      ps::server srv(comm, keys, roles, o);
+      srv.serve();
+      after.assign(srv.weights(7).begin(), srv.weights(7).end());
+      return;
+    }
+    ps::worker wk(comm, keys, roles, {codec});
+    std::vector<float> g(1001);
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = 1.0f + float(i % 7);  // all > 0
+    for (int t = 0; t < steps; ++t) wk.wait(wk.push(7, g));
+    if (wk.bytes_pushed() >= std::uint64_t(steps) * 1001 * 4 / 4) ++failures;  // < 1/4 of f32
+    wk.finish();
+  });
+  CHECK(failures == 0);
+  REQUIRE(after.size() == 1001);
+  // sent + residual == sum of gradients: what is applied lags the truth by at most the
+  // residual, which top-k's selection keeps below the largest element's share of ~1/density
+  // steps.
+  double applied = 0, truth = 0;
+  for (std::size_t i = 0; i < after.size(); ++i) {
+    applied += -after[i];
+    truth += steps * (1.0 + double(i % 7));
+  }
+  CHECK(applied > 0.5 * truth);
+  CHECK(applied <= truth + 1e-3 * truth);
+}
+
+TEST_CASE("ps a compressed push to a server without a codec is refused") {
+  const ps::roles roles{1, 2};
+  std::atomic<int> failures{0};
+  std::vector<float> after;
+  run_ranks(2, [&](comm_type& comm) {
+    if (comm.rank() == 0) {
+      ps::server srv(comm, keys, roles, plain(ps::consistency::async()));
+      srv.serve();
+      after.assign(srv.weights(7).begin(), srv.weights(7).end());
+      return;
+    }
+    ps::worker wk(comm, keys, roles, {ps::push_codec(cohort::compress::int8)});
+    std::vector<float> g(1001, 1.0f);
+    try {
+      wk.wait(wk.push(7, g));
+      ++failures;
+    } catch (const cohort::error& e) {
+      if (e.code() != cohort::errc::mismatch) ++failures;
+    }
+  });
+  CHECK(failures == 0);
+  for (float x : after) CHECK(x == 0.0f);
 }

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cohort/core/error.hpp>
+#include <cohort/parameter_server/compression.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -105,6 +106,14 @@ struct server_options {
   /// How long a server waits without hearing from any worker before it fails with
   /// `errc::timed_out`; zero: the communicator's timeout.
   std::chrono::milliseconds idle_timeout{0};
+  /// The codec the workers push with (the same on every rank); empty: f32 pushes only.
+  push_codec compress;
+};
+
+/// Settings of a `worker`.
+struct worker_options {
+  /// Encodes every push (see `push_codec`); empty: pushes go as f32.
+  push_codec compress;
 };
 
 }  // namespace cohort::ps

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <deque>
 #include <limits>
+#include <memory>
 #include <span>
 #include <string>
 #include <system_error>
@@ -61,6 +62,8 @@ class server {
       throw error(errc::invalid_argument, "ps::server", -1,
                   "ps::server: the ssp staleness bound must be >= 0");
     if (!opts_.update) opts_.update = sgd_momentum{};
+    if (!opts_.compress.empty())
+      decoder_ = std::make_unique<push_codec::slot>(opts_.compress.make_slot());
     for (const key_spec& k : keys) {
       const auto range = detail::shard_of(k.count, comm.rank(), r.servers);
       if (!index_.emplace(k.key, shards_.size()).second)
@@ -221,6 +224,7 @@ class server {
     request_type hdr_req{};
     std::deque<outgoing> out;
     std::vector<float> in;
+    detail::aligned_bytes raw;  // a compressed push, before it is decoded
   };
 
   static constexpr std::size_t max_queued_replies = 8;
@@ -382,15 +386,30 @@ class server {
       post_header(p);
       return true;
     }
+    // The payload's length is checked before anything is received.
+    const bool compressed = h.compressed != 0;
+    if (compressed ? (decoder_ == nullptr || h.bytes > decoder_->max_encoded_bytes(h.count))
+                   : h.bytes != h.count * sizeof(float)) {
+      refuse(p, errc::mismatch);
+      return true;
+    }
     if (mode == consistency_mode::sync && h.step > s.version) return false;  // a later step
     p.in.resize(s.w.size());
     auto& t = comm_.transport();
-    request_type r = t.recv(p.rank, std::as_writable_bytes(std::span(p.in)));
+    const auto raw = compressed ? p.raw.get(h.bytes) : std::as_writable_bytes(std::span(p.in));
+    request_type r = t.recv(p.rank, raw);
     std::error_code wec;
     t.wait(r, call_deadline(), wec);
     if (wec) {
       lost(p, wec, ec);
       return true;
+    }
+    if (compressed) {
+      if (!decoder_->acceptable(raw, p.in.size())) {
+        refuse(p, errc::protocol_error);  // a malformed encoding is never decoded
+        return true;
+      }
+      decoder_->decode(raw, p.in);
     }
     ++clk;
     ++pushes_;
@@ -420,6 +439,7 @@ class server {
   std::unordered_map<std::uint64_t, std::size_t> index_;
   std::vector<peer> peers_;
   std::size_t max_shard_ = 0;
+  std::unique_ptr<push_codec::slot> decoder_;
   int active_ = 0, dropped_ = 0;
   std::uint64_t pushes_ = 0, pulls_ = 0;
   int fail_peer_ = -1;

@@ -44,7 +44,8 @@ class worker {
 
   /// A worker over `comm` for `keys` (the same on every rank). Throws `cohort::error`
   /// (`errc::invalid_argument`, operation "ps::worker") where this rank is not a worker of `r`.
-  worker(Comm& comm, std::span<const key_spec> keys, roles r) : comm_(comm), roles_(r) {
+  worker(Comm& comm, std::span<const key_spec> keys, roles r, worker_options o = {})
+      : comm_(comm), roles_(r), opts_(std::move(o)) {
     r.check("ps::worker");
     if (r.size != comm.size() || !r.is_worker(comm.rank()))
       throw error(errc::invalid_argument, "ps::worker", comm.rank(),
@@ -56,6 +57,9 @@ class worker {
       if (!keys_.emplace(k.key, key_state{k.count, 0}).second)
         throw error(errc::invalid_argument, "ps::worker", -1,
                     "ps::worker: key " + std::to_string(k.key) + " is declared twice");
+    if (!opts_.compress.empty())
+      for (auto& [key, k] : keys_)
+        for (int s = 0; s < r.servers; ++s) k.slots.push_back(opts_.compress.make_slot());
   }
 
   worker(const worker&) = delete;
@@ -67,8 +71,20 @@ class worker {
     op_state& o = start(detail::op::push, key, k);
     auto& t = comm_.transport();
     for (part& p : o.parts) {
+      const auto slice = gradient.subspan(p.req.offset, p.req.count);
+      std::span<const std::byte> payload = std::as_bytes(slice);
+      if (!k.slots.empty()) {  // encoded, with this slice's own codec state
+        auto& codec = k.slots[static_cast<std::size_t>(p.server)];
+        const auto out = p.encoded.get(codec.max_encoded_bytes(slice.size()));
+        const auto work = work_.get(codec.workspace_bytes(slice.size()));
+        payload =
+            out.first(codec.encode(slice, out, work, k.pushes * 1024 + std::uint64_t(p.server)));
+        p.req.compressed = 1;
+      }
+      p.req.bytes = payload.size();
+      bytes_pushed_ += sizeof(p.req) + payload.size();
       t.send(p.server, std::as_bytes(std::span(&p.req, 1)));
-      t.send(p.server, std::as_bytes(gradient.subspan(p.req.offset, p.req.count)));
+      t.send(p.server, payload);
       p.rep_req = t.recv(p.server, std::as_writable_bytes(std::span(&p.rep, 1)));
     }
     ++k.pushes;
@@ -125,6 +141,8 @@ class worker {
   std::size_t in_flight() const noexcept { return ops_.size(); }
   /// Pushes of `key` so far (the step the next push of it carries).
   std::uint64_t pushes(std::uint64_t key) const { return keys_.at(key).pushes; }
+  /// Bytes handed to the transport by pushes so far, headers included.
+  std::uint64_t bytes_pushed() const noexcept { return bytes_pushed_; }
 
   /// Completes what is in flight and tells every server this worker is done. Call it once, at
   /// the end; the servers' `serve` returns when every worker has. Throws `cohort::error`.
@@ -150,12 +168,14 @@ class worker {
   struct key_state {
     std::size_t count = 0;
     std::uint64_t pushes = 0;
+    std::vector<push_codec::slot> slots = {};  // one per server, when compressing
   };
   struct part {
     int server = 0;
     detail::request_header req{};
     detail::reply_header rep{};
     request_type rep_req{}, data_req{};
+    detail::aligned_bytes encoded{};  // a compressed push's payload, until it completes
   };
   struct op_state {
     detail::op kind = detail::op::push;
@@ -258,6 +278,9 @@ class worker {
 
   Comm& comm_;
   roles roles_;
+  worker_options opts_;
+  detail::aligned_bytes work_;
+  std::uint64_t bytes_pushed_ = 0;
   std::unordered_map<std::uint64_t, key_state> keys_;
   std::deque<op_state> ops_;
   ticket first_ = 0;

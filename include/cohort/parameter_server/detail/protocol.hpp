@@ -2,10 +2,10 @@
 /// The parameter server's wire format and shard layout (internal).
 ///
 /// Between each worker and each server the transport carries one FIFO stream each way. The
-/// worker sends requests (a 40-byte header, then for a push the shard's gradient as f32); the
-/// server answers every push and every pull, in the order they came, with a 24-byte reply
-/// (for a pull followed by the shard's weights as f32, only when the status is ok). A worker
-/// leaving sends `bye` and gets no reply.
+/// worker sends requests (a 56-byte header, then for a push the shard's gradient as f32 or in the
+/// push codec's encoding); the server answers every push and every pull, in the order they came,
+/// with a 24-byte reply (for a pull followed by the shard's weights as f32, only when the status is
+/// ok). A worker leaving sends `bye` and gets no reply.
 #pragma once
 
 #include <cstddef>
@@ -27,8 +27,11 @@ struct request_header {
   std::uint64_t step = 0;
   std::uint64_t offset = 0;  ///< First element of the shard within the key.
   std::uint64_t count = 0;
+  std::uint32_t compressed = 0;  ///< 1: a push's payload is `bytes` of the codec's encoding.
+  std::uint32_t reserved = 0;
+  std::uint64_t bytes = 0;  ///< Payload bytes that follow (a push; count * 4 uncompressed).
 };
-static_assert(sizeof(request_header) == 40);
+static_assert(sizeof(request_header) == 56);
 
 /// A reply header. `status` is a `cohort::errc` value (0: ok); `version` is the number of
 /// updates applied to the shard so far.
