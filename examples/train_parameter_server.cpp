@@ -21,6 +21,10 @@
 #include <chrono>
 #include <cmath>
 #include <cohort/cohort.hpp>
+#include <cohort/compress/cast.hpp>
+#include <cohort/compress/error_feedback.hpp>
+#include <cohort/compress/quantize.hpp>
+#include <cohort/compress/top_k.hpp>
 #include <cohort/launch/env.hpp>
 #include <cohort/parameter_server.hpp>
 #include <cohort/transport/shm.hpp>
@@ -47,6 +51,7 @@ struct settings {
   int servers = 1, workers = 2;
   std::string transport = "shm";
   std::string mode = "sync";
+  std::string compress = "none";
   int epochs = 40;
   int batch = 16;    // per worker
   float lr = 0.02f;  // per worker; scaled by W
@@ -63,6 +68,7 @@ struct settings {
                "train_parameter_server: %s\n"
                "usage: train_parameter_server [--servers S] [--workers W]\n"
                "  [--mode sync|async|ssp:S] [--transport shm|tcp] [--epochs E] [--batch B]\n"
+               "  [--compress none|fp16|bf16|int8|topk:DENSITY]\n"
                "  [--lr LR] [--momentum M] [--warmup EPOCHS] [--hidden W[,W...]]\n"
                "  [--straggler-ms MS] [--seed S] [--csv FILE] [--data digits.csv.gz]\n",
                why);
@@ -74,6 +80,20 @@ ps::consistency parse_mode(const std::string& m) {
   if (m == "async") return ps::consistency::async();
   if (m.rfind("ssp:", 0) == 0) return ps::consistency::ssp(std::stoi(m.substr(4)));
   usage("--mode is sync, async or ssp:S");
+}
+
+// The push codec: top-k keeps an error-feedback residual per slice on the worker.
+ps::push_codec parse_codec(const std::string& c) {
+  namespace cc = cohort::compress;
+  if (c == "none") return {};
+  if (c == "fp16") return ps::push_codec(cc::fp16);
+  if (c == "bf16") return ps::push_codec(cc::bf16);
+  if (c == "int8") return ps::push_codec(cc::int8);
+  if (c.rfind("topk:", 0) == 0) {
+    const double d = std::stod(c.substr(5));
+    if (d > 0 && d <= 1) return ps::push_codec(cc::error_feedback(cc::top_k(d)));
+  }
+  usage("--compress is none, fp16, bf16, int8 or topk:DENSITY");
 }
 
 settings parse(int argc, char** argv) {
@@ -93,6 +113,8 @@ settings parse(int argc, char** argv) {
         s.transport = value();
       else if (a == "--mode")
         s.mode = value();
+      else if (a == "--compress")
+        s.compress = value();
       else if (a == "--epochs")
         s.epochs = std::stoi(value());
       else if (a == "--batch")
@@ -131,6 +153,7 @@ settings parse(int argc, char** argv) {
   if (!(s.momentum >= 0 && s.momentum < 1)) usage("--momentum is in [0, 1)");
   if (s.transport != "shm" && s.transport != "tcp") usage("--transport is shm or tcp");
   (void)parse_mode(s.mode);
+  (void)parse_codec(s.compress);
   return s;
 }
 
@@ -173,6 +196,7 @@ int train(Comm& comm, const settings& s) {
   if (roles.is_server(comm.rank())) {
     ps::server_options opts;
     opts.mode = parse_mode(s.mode);
+    opts.compress = parse_codec(s.compress);
     opts.update = ps::sgd_momentum{s.lr * float(w_count), s.momentum, [=](std::uint64_t round) {
                                      return lr_scale(round, warmup, total);
                                    }};
@@ -190,7 +214,7 @@ int train(Comm& comm, const settings& s) {
     return 0;
   }
 
-  ps::worker worker(comm, keys, roles);
+  ps::worker worker(comm, keys, roles, {parse_codec(s.compress)});
   const int w = roles.worker_index(comm.rank());
   const bool straggler = s.straggler_ms > 0 && w == w_count - 1;
   std::unique_ptr<std::ofstream> csv;
@@ -199,13 +223,15 @@ int train(Comm& comm, const settings& s) {
     *csv << "epoch,loss,test_accuracy,seconds,samples_per_s\n";
   }
   if (w == 0)
-    std::printf("%d server(s) + %d workers over %s, mode %s, %zu parameters in %zu keys%s\n",
-                s.servers, w_count, s.transport.c_str(), s.mode.c_str(), model.parameters().size(),
-                keys.size(),
-                straggler ? (", worker " + std::to_string(w_count - 1) + " sleeps " +
-                             std::to_string(s.straggler_ms) + " ms a step")
-                                .c_str()
-                          : "");
+    std::printf(
+        "%d server(s) + %d workers over %s, mode %s, pushes %s, %zu parameters in %zu "
+        "keys%s\n",
+        s.servers, w_count, s.transport.c_str(), s.mode.c_str(), s.compress.c_str(),
+        model.parameters().size(), keys.size(),
+        straggler ? (", worker " + std::to_string(w_count - 1) + " sleeps " +
+                     std::to_string(s.straggler_ms) + " ms a step")
+                        .c_str()
+                  : "");
   const auto pull_all = [&] {
     for (std::size_t l = 0; l < keys.size(); ++l) worker.pull(l, layer(model.parameters(), l));
     worker.wait_all();  // these pulls, and the pushes before them
@@ -214,6 +240,7 @@ int train(Comm& comm, const settings& s) {
   double accuracy = 0, total_samples = 0;
   for (int epoch = 1; epoch <= s.epochs; ++epoch) {
     const auto epoch_start = clock_type::now();
+    const std::uint64_t pushed_before = worker.bytes_pushed();
     const auto order = ex::permutation(train_set.size(), s.seed * 1000 + epoch);  // shared
     double loss = 0;
     for (std::size_t b = 0; b < steps_per_epoch; ++b) {
@@ -231,8 +258,9 @@ int train(Comm& comm, const settings& s) {
     if (w == 0) {
       accuracy = model.accuracy(test_set);
       const double mean_loss = loss / double(steps_per_epoch);
-      std::printf("epoch %3d  loss %.4f  test accuracy %5.1f%%  %8.0f samples/s\n", epoch,
-                  mean_loss, 100 * accuracy, samples / seconds);
+      std::printf("epoch %3d  loss %.4f  test accuracy %5.1f%%  %8.0f samples/s  pushed %6.3f MB\n",
+                  epoch, mean_loss, 100 * accuracy, samples / seconds,
+                  double(worker.bytes_pushed() - pushed_before) / 1e6);
       std::fflush(stdout);
       if (csv)
         *csv << epoch << ',' << mean_loss << ',' << accuracy << ',' << seconds << ','
