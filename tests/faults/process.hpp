@@ -304,6 +304,13 @@ class fault_store final : public store {
     if (ec) fail(ec, ec, inner_.last_error());
     return v;
   }
+  std::optional<std::string> do_try_get_until(std::string_view key, deadline until,
+                                              std::error_code& ec) override {
+    hit("try_get", key);
+    auto v = inner_.try_get(key, until, ec);
+    if (ec) fail(ec, ec, inner_.last_error());
+    return v;
+  }
   std::int64_t do_add(std::string_view key, std::int64_t n, std::error_code& ec) override {
     hit("add", key);
     auto v = inner_.add(key, n, ec);

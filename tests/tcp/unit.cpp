@@ -659,6 +659,26 @@ TEST_CASE("tcp store: a client may start before the server") {
   early.disconnect();  // else the server lingers for it when destroyed
 }
 
+TEST_CASE("tcp store: a try_get with a deadline gives up at it when the store went away, "
+          "however long the store's own timeout") {
+  std::optional<cohort::tcp_store_server> server;
+  server.emplace("127.0.0.1", 0, cohort::tcp_store_server_options{.token = {}, .log = [](std::string_view) {}});
+  cohort::tcp_store client("127.0.0.1", server->port(), {.token = {}, .timeout = 30s});
+  client.set("k", "v");
+  CHECK(client.try_get("k", cohort::clock::now() + 1s) == std::optional<std::string>("v"));
+  server->set_linger(0ms);
+  server.reset();  // gone, with the client still connected
+  std::error_code ec;
+  const auto t0 = cohort::clock::now();
+  const auto v = client.try_get("k", t0 + 300ms, ec);
+  const auto took = cohort::clock::now() - t0;
+  CHECK_FALSE(v);
+  CHECK(ec);
+  INFO("took ", std::chrono::duration_cast<std::chrono::milliseconds>(took).count(), " ms: ",
+       client.last_error());
+  CHECK(took < 3s);  // the bound (300 ms), not the store's 30 s
+}
+
 TEST_CASE("file store: set, get, add, wait with deadlines") {
   temp_dir d;
   cohort::file_store a(d.path), b(d.path + "/");

@@ -65,6 +65,19 @@ class store {
     return v;
   }
 
+  /// The same, giving up at `until`: a store that went away (or stopped answering) costs the
+  /// caller no more than that, however long the store's own timeout.
+  std::optional<std::string> try_get(std::string_view key, deadline until, std::error_code& ec) {
+    ec.clear();
+    return do_try_get_until(key, until, ec);
+  }
+  std::optional<std::string> try_get(std::string_view key, deadline until) {
+    std::error_code ec;
+    auto v = try_get(key, until, ec);
+    throw_if(ec, "try_get");
+    return v;
+  }
+
   /// Waits until `key` exists and returns its value; `errc::timed_out` at `until`.
   std::string get(std::string_view key, deadline until, std::error_code& ec) {
     const std::string k(key);
@@ -115,6 +128,13 @@ class store {
  protected:
   virtual void do_set(std::string_view key, std::string_view value, std::error_code& ec) = 0;
   virtual std::optional<std::string> do_try_get(std::string_view key, std::error_code& ec) = 0;
+  /// `try_get` bounded by `until`. Stores whose calls cannot block (a file, memory) need not
+  /// override it.
+  virtual std::optional<std::string> do_try_get_until(std::string_view key, deadline until,
+                                                      std::error_code& ec) {
+    (void)until;
+    return do_try_get(key, ec);
+  }
   virtual std::int64_t do_add(std::string_view key, std::int64_t n, std::error_code& ec) = 0;
   virtual std::vector<std::string> do_wait(std::span<const std::string> keys, deadline until,
                                            std::error_code& ec) = 0;

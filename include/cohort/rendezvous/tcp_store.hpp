@@ -68,10 +68,15 @@ class tcp_store final : public store {
   }
 
   std::optional<std::string> do_try_get(std::string_view key, std::error_code& ec) override {
+    return do_try_get_until(key, clock::now() + opts_.timeout, ec);
+  }
+
+  std::optional<std::string> do_try_get_until(std::string_view key, deadline until,
+                                              std::error_code& ec) override {
     namespace w = detail::store_wire;
     if (!check_key(key, ec)) return std::nullopt;
     reply r;
-    roundtrip(w::op::get, key, {}, 0, clock::now() + opts_.timeout, r, ec);
+    roundtrip(w::op::get, key, {}, 0, std::min(until, clock::now() + opts_.timeout), r, ec);
     if (ec || r.s != w::status::ok) return std::nullopt;
     return std::move(r.payload);
   }

@@ -121,8 +121,7 @@ class mesh_builder {
       if (ec != errc::timed_out || clock::now() >= cfg_.until) break;
       if (told() || refused(missing) || gave_up(missing)) return std::move(result_);
       if (cfg_.rank != 0) {
-        std::error_code ig;
-        const auto v = store_.try_get(prefix + "0", ig);
+        const auto v = poll(prefix + "0");
         if (v && published_size(*v) > 0 && published_size(*v) != cfg_.size)
           return disagree(0, published_size(*v));
       }
@@ -156,6 +155,7 @@ class mesh_builder {
         return disagree(q, theirs);
     }
     if (told()) return std::move(result_);
+    connecting_ = true;
     asio::co_spawn(ioc_, watch_disagreement(), asio::detached);
     incoming_ = cfg_.size - 1 - cfg_.rank;
     if (incoming_ > 0)
@@ -217,11 +217,29 @@ class mesh_builder {
 
   std::string gave_up_key() const { return cfg_.prefix + "gaveup"; }
 
+  // How long a look at the store may take once the connections are being made. The
+  // coroutines share one thread: a look that waited out the store's own timeout (a store that
+  // left: rank 0 stops hosting it once every rank handshook with it) would hold every
+  // handshake and watchdog.
+  static constexpr std::chrono::milliseconds store_poll_bound{1000};
+
+  // The value of `key` now, or nullopt when it is absent or the store did not answer. While
+  // the connections are made, a look is bounded by `store_poll_bound`, and after a failed one
+  // the store is not asked again: it went away, and then every rank agrees on the job already
+  // (each handshook with rank 0), or it is unreachable, and the peers' deadlines say the rest.
+  std::optional<std::string> poll(const std::string& key) {
+    if (store_gone_) return std::nullopt;
+    std::error_code ec;
+    auto v = store_.try_get(
+        key, connecting_ ? std::min(cfg_.until, clock::now() + store_poll_bound) : cfg_.until, ec);
+    if (ec && connecting_) store_gone_ = true;
+    return v;
+  }
+
   // True (and failed, timed_out naming the first rank still missing) when another rank gave up
   // waiting for the missing ranks at its deadline.
   bool gave_up(const std::vector<int>& missing) {
-    std::error_code ig;
-    const auto v = store_.try_get(gave_up_key(), ig);
+    const auto v = poll(gave_up_key());
     if (!v || missing.empty()) return false;
     note(make_error_code(errc::timed_out), missing.front(),
          "rendezvous: " + describe_ranks(missing) + " never arrived (" +
@@ -232,8 +250,7 @@ class mesh_builder {
 
   // True (and failed) when another rank said at the store that it disagrees on the size.
   bool told() {
-    std::error_code ig;
-    const auto v = store_.try_get(disagreement_key(), ig);
+    const auto v = poll(disagreement_key());
     if (!v) return false;
     int r = -1, n = 0;
     const auto space = v->find(' ');
@@ -251,8 +268,7 @@ class mesh_builder {
   // this rank started: most likely one of the ranks still `missing`, started with another
   // COHORT_TOKEN (the store notes only its own user's processes: strangers cannot stop a job).
   bool refused(const std::vector<int>& missing) {
-    std::error_code ig;
-    const auto v = store_.try_get(std::string(store_wire::refusal_key), ig);
+    const auto v = poll(std::string(store_wire::refusal_key));
     if (!v || missing.empty()) return false;
     long long ns = 0;
     std::from_chars(v->data(), v->data() + v->size(), ns);
@@ -277,7 +293,7 @@ class mesh_builder {
     for (;;) {
       t.expires_after(disagreement_poll);
       auto [e] = co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
-      if (e || told()) co_return;
+      if (e || told() || store_gone_) co_return;
     }
   }
 
@@ -390,7 +406,6 @@ class mesh_builder {
 
   asio::awaitable<void> connect_to(int q, tcp::endpoint at) {
     auto backoff = std::chrono::milliseconds(5);
-    std::string last;
     for (;;) {
       tcp::socket s(ioc_);
       boost::system::error_code e;
@@ -406,13 +421,10 @@ class mesh_builder {
         co_await handshake_out(q, at, s);
         co_return;
       }
-      last = e ? e.message() : "timed out";
-      const auto now = clock::now();
-      if (now + backoff >= cfg_.until) {
-        last_problem_ =
-            "connecting to rank " + std::to_string(q) + " at " + text_of(at) + ": " + last;
-        co_return;
-      }
+      // Kept at every failed try: the deadline's error says what the last one met.
+      last_problem_ = "connecting to rank " + std::to_string(q) + " at " + text_of(at) + ": " +
+                      (e ? e.message() : "timed out");
+      if (clock::now() + backoff >= cfg_.until) co_return;
       asio::steady_timer pause(ioc_, backoff);
       co_await pause.async_wait(asio::as_tuple(asio::use_awaitable));
       backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
@@ -471,6 +483,8 @@ class mesh_builder {
   int incoming_ = 0;
   std::chrono::system_clock::time_point started_{};
   std::string last_problem_;
+  bool connecting_ = false;  // the coroutines run: looks at the store are bounded
+  bool store_gone_ = false;
 };
 
 /// Builds the mesh (see the file comment); on failure `error` says what and names the ranks.
