@@ -850,6 +850,9 @@ void stop_then_continue(cf::kind transport, const kill_point& point, bool surviv
   constexpr int size = 3, victim = 1;
   constexpr std::size_t n = std::size_t{16} << 20;
   const cf::job_spec spec = cf::make_spec(transport, "cont", size);
+  // Long enough for the victim to reach its stop before its own deadline, also under the
+  // sanitizers on a loaded machine.
+  const auto call_timeout = cf::sanitized ? 4000ms : 1000ms;
   cf::report_board board(size + 1);  // board[size].value: 1 once the survivors may go
   auto& release = board[size].value;
   std::vector<pid_t> pids;
@@ -863,7 +866,7 @@ void stop_then_continue(cf::kind transport, const kill_point& point, bool surviv
         comm.set_timeout(30s);
         std::vector<float> x(n, 1.0f);
         cohort::all_reduce(comm, x, cohort::ops::sum);  // the dry run counts the operations
-        comm.set_timeout(1000ms);
+        comm.set_timeout(call_timeout);
         if (rank == victim) arm(plan, point, plan.ops, plan.sends, fault_action::stop);
         plan.reset();
         std::error_code ec;
@@ -928,7 +931,12 @@ void stop_then_continue(cf::kind transport, const kill_point& point, bool surviv
     CHECK(status[r] == 0);
     CHECK(rep.written == 1);
     CHECK(rep.poisoned_ok == 1);
-    if (r != victim) CHECK(rep.code == static_cast<int>(errc::timed_out));
+    // A survivor times out on the victim, or, where the other survivor timed out first and
+    // exited before its abort frame could pass the data queued ahead of it, loses that one.
+    if (r != victim)
+      CHECK((rep.code == static_cast<int>(errc::timed_out) ||
+             (!survivors_stay && rep.code == static_cast<int>(errc::peer_lost) &&
+              rep.peer != victim)));
   }
   const cf::rank_report& rep = board[victim];
   const std::string what = rep.what;
@@ -943,7 +951,7 @@ void stop_then_continue(cf::kind transport, const kill_point& point, bool surviv
   CHECK(what.find("rank " + std::to_string(rep.peer) + " failed: ") != std::string::npos);
   CHECK(what.find("timed out waiting for rank") != std::string::npos);
   CHECK(what.find("lost rank") == std::string::npos);
-  CHECK(rep.elapsed_ms < 1000);  // at once: it waits for nothing
+  CHECK(rep.elapsed_ms < (cf::sanitized ? 3000 : 1000));  // at once: it waits for nothing
 }
 
 void stop_then_continue(cf::kind transport) {
