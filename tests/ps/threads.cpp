@@ -497,3 +497,37 @@ TEST_CASE("ps a compressed push to a server without a codec is refused") {
   CHECK(failures == 0);
   for (float x : after) CHECK(x == 0.0f);
 }
+
+TEST_CASE("ps workers that compute for 150 ms between requests are answered at once") {
+  const ps::roles roles{1, 3};
+  std::atomic<int> failures{0};
+  std::atomic<long> worst_us{0};
+  run_ranks(3, [&](comm_type& comm) {
+    try {
+      if (comm.rank() == 0) {
+        ps::server srv(comm, keys, roles, plain(ps::consistency::async()));
+        srv.serve();
+        return;
+      }
+      ps::worker wk(comm, keys, roles);
+      std::vector<float> g(1001, 1.0f);
+      if (comm.rank() == 2) std::this_thread::sleep_for(75ms);  // interleaved with worker 1
+      for (int t = 0; t < 5; ++t) {
+        std::this_thread::sleep_for(150ms);
+        const auto t0 = std::chrono::steady_clock::now();
+        wk.wait(wk.push(7, g));
+        const long us = long(std::chrono::duration_cast<std::chrono::microseconds>(
+                                 std::chrono::steady_clock::now() - t0)
+                                 .count());
+        if (us > worst_us) worst_us = us;
+      }
+      wk.finish();
+    } catch (const std::exception& e) {
+      MESSAGE(e.what());
+      ++failures;
+    }
+  });
+  CHECK(failures == 0);
+  MESSAGE("slowest push round trip: " << worst_us.load() << " us");
+  CHECK(worst_us < 30'000);  // a 300 ms liveness probe on the other worker would show here
+}

@@ -28,12 +28,12 @@ namespace cohort::ps {
 /// Each server rank builds one over its communicator, then calls `serve`. It serves whichever
 /// worker is ready: a receive for the next request is posted to every worker, and the loop
 /// looks at each in turn, then waits on one for a short slice that grows while nothing comes
-/// (20 us to 250 us; 300 ms after 100 ms of silence, long enough for the transport to notice a
-/// dead process). Requests from one worker are served in order; a request that must wait (a
-/// sync push of a later step, a pull whose step or staleness bound is not met) holds that
-/// worker's stream until it can be served. Replies are copies of the shard taken when served,
-/// so a later update never tears a pull. Memory: the shard, its state, in sync mode a sum, and
-/// per worker one receive buffer and up to 8 queued replies.
+/// (20 us to 250 us; 300 ms, long enough for the transport to notice a dead process, after
+/// 100 ms of silence while requests are held, or after 1 s of silence). Requests from one worker
+/// are served in order; a request that must wait (a sync push of a later step, a pull whose step or
+/// staleness bound is not met) holds that worker's stream until it can be served. Replies are
+/// copies of the shard taken when served, so a later update never tears a pull. Memory: the shard,
+/// its state, in sync mode a sum, and per worker one receive buffer and up to 8 queued replies.
 ///
 /// Failures: a worker lost in sync mode fails the whole job with `errc::peer_lost` (through
 /// the communicator's abort, so every worker's waits fail too) naming that worker; in async
@@ -170,16 +170,25 @@ class server {
              ec);
         return;
       }
-      // Nothing came: wait on one idle worker for a slice.
+      // Nothing came: wait on one idle worker for a slice. A long wait (a probe) lets the
+      // transport check that the worker's process lives (shm does so once per wait that lasts
+      // its liveness interval); it is made when requests have been held for 100 ms (that
+      // worker is what they wait for) or after 1 s of silence, so that workers that compute
+      // for a while are not made to wait on it.
       peer* target = nullptr;
-      for (std::size_t i = 0; i < peers_.size() && target == nullptr; ++i) {
+      bool held = false;
+      for (std::size_t i = 0; i < peers_.size(); ++i) {
         peer& p = peers_[(turn + i) % peers_.size()];
-        if (p.active && !p.pending) target = &p;
+        if (!p.active) continue;
+        if (p.pending)
+          held = true;
+        else if (target == nullptr)
+          target = &p;
       }
       ++turn;
-      const auto d = now - last_progress >= milliseconds(100)
-                         ? duration_cast<microseconds>(milliseconds(300))
-                         : slice;
+      const auto silent = now - last_progress;
+      const bool probe = silent >= milliseconds(held ? 100 : 1000);
+      const auto d = probe ? duration_cast<microseconds>(milliseconds(300)) : slice;
       slice = std::min(slice * 2, microseconds(250));
       if (target == nullptr) {
         std::this_thread::sleep_for(microseconds(200));  // every worker waits on a condition
