@@ -34,7 +34,8 @@ namespace cohort::ps {
 /// throw `cohort::error` with `errc::invalid_argument` before anything is sent. A lost server
 /// fails the wait with `errc::peer_lost`, naming the server and the shard it held, and fails
 /// the communicator (the job stops: part of every tensor is gone). Not thread-safe; one per
-/// communicator, which it uses alone.
+/// communicator, which it uses alone. Each push and pull allocates its bookkeeping (a few
+/// dozen bytes per server; a compressed push also its encoding), freed once waited for.
 template <communicator Comm>
 class worker {
  public:
@@ -158,7 +159,7 @@ class worker {
       t.wait(sends[static_cast<std::size_t>(s)], clock::now() + comm_.timeout(), ec);
       if (ec) {
         what_op_ = "ps::finish";
-        transport_failed(s, ec, "finish");
+        transport_failed(s, ec, "ps::finish", "server rank " + std::to_string(s));
         throw error(ec, what_op_, fail_peer_, fail_what_);
       }
     }
@@ -228,7 +229,9 @@ class worker {
     what_op_ = std::string("ps::") + detail::op_name(o.kind);
     for (part& p : o.parts) {
       t.wait(p.rep_req, clock::now() + comm_.timeout(), ec);
-      if (ec) return transport_failed(p.server, ec, describe(o, p));
+      if (ec)
+        return transport_failed(p.server, ec, what_op_ + " of key " + std::to_string(o.key),
+                                describe(p));
       if (p.rep.status != 0) {
         ec = static_cast<errc>(p.rep.status);
         fail_peer_ = p.server;
@@ -240,39 +243,44 @@ class worker {
       }
       if (o.kind == detail::op::pull) {
         t.wait(p.data_req, clock::now() + comm_.timeout(), ec);
-        if (ec) return transport_failed(p.server, ec, describe(o, p));
+        if (ec)
+          return transport_failed(p.server, ec, what_op_ + " of key " + std::to_string(o.key),
+                                  describe(p));
       }
     }
     o.done = true;
   }
 
-  std::string describe(const op_state& o, const part& p) const {
-    return what_op_ + " of key " + std::to_string(o.key) + ": server rank " +
-           std::to_string(p.server) + ", which holds shard " + std::to_string(p.server) + " of " +
-           std::to_string(roles_.servers) + " (elements [" + std::to_string(p.req.offset) + ", " +
-           std::to_string(p.req.offset + p.req.count) +
+  std::string describe(const part& p) const {
+    return "server rank " + std::to_string(p.server) + ", which holds shard " +
+           std::to_string(p.server) + " of " + std::to_string(roles_.servers) + " (elements [" +
+           std::to_string(p.req.offset) + ", " + std::to_string(p.req.offset + p.req.count) +
            ") of this key and its share of every "
            "other key)";
   }
 
-  void transport_failed(int server, std::error_code& ec, const std::string& context) {
+  // A wait of `op` on `server` (described by `who`) failed with `ec`: records why and fails the
+  // communicator, which tells every rank.
+  void transport_failed(int server, std::error_code& ec, const std::string& op,
+                        const std::string& who) {
     const failure* remote = comm_.transport().remote_failure();
     if (remote != nullptr) {
       ec = remote->code;
       fail_peer_ = remote->peer;
       fail_what_ =
-          context + ": rank " + std::to_string(remote->peer) + " stopped the job: " + remote->what;
+          op + ": rank " + std::to_string(remote->peer) + " stopped the job: " + remote->what;
       comm_.fail(*remote);
       return;
     }
     fail_peer_ = server;
     if (ec == errc::peer_lost)
-      fail_what_ = context + " was lost: it crashed or closed its end";
+      fail_what_ = op + ": " + who + ", was lost: it crashed or closed its end";
     else if (ec == errc::timed_out)
-      fail_what_ = context + " did not answer within " + std::to_string(comm_.timeout().count()) +
+      fail_what_ = op + ": " + who + ", did not answer within " +
+                   std::to_string(comm_.timeout().count()) +
                    " ms (in sync or ssp mode it waits for the slowest worker)";
     else
-      fail_what_ = context + ": " + ec.message();
+      fail_what_ = op + ": " + who + ": " + ec.message();
     comm_.fail({ec, server, fail_what_});
   }
 
