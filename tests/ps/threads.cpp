@@ -531,3 +531,59 @@ TEST_CASE("ps workers that compute for 150 ms between requests are answered at o
   MESSAGE("slowest push round trip: " << worst_us.load() << " us");
   CHECK(worst_us < 30'000);  // a 300 ms liveness probe on the other worker would show here
 }
+
+TEST_CASE("ps a key the server does not hold is refused with invalid_argument") {
+  const ps::roles roles{1, 2};
+  std::atomic<int> failures{0};
+  run_ranks(2, [&](comm_type& comm) {
+    if (comm.rank() == 0) {
+      ps::server srv(comm, keys, roles, plain(ps::consistency::sync()));
+      srv.serve();
+      if (srv.dropped() != 1 || srv.pushes() != 0) ++failures;
+      return;
+    }
+    const std::vector<ps::key_spec> other = {{99, 10}};
+    ps::worker wk(comm, other, roles);
+    std::vector<float> w(10);
+    try {
+      wk.wait(wk.pull(99, w));
+      ++failures;
+    } catch (const cohort::error& e) {
+      if (e.code() != cohort::errc::invalid_argument || e.operation() != "ps::pull") ++failures;
+    }
+  });
+  CHECK(failures == 0);
+}
+
+TEST_CASE("ps a server that hears from no worker fails with timed_out by its idle timeout") {
+  const ps::roles roles{1, 2};
+  std::atomic<int> failures{0};
+  const auto start = std::chrono::steady_clock::now();
+  run_ranks(2, [&](comm_type& comm) {
+    if (comm.rank() == 0) {
+      auto o = plain(ps::consistency::async());
+      o.idle_timeout = 300ms;
+      ps::server srv(comm, keys, roles, o);
+      try {
+        srv.serve();
+        ++failures;
+      } catch (const cohort::error& e) {
+        if (e.code() != cohort::errc::timed_out ||
+            std::string(e.what()).find("still expecting worker ranks 1") == std::string::npos)
+          ++failures;
+      }
+      return;
+    }
+    ps::worker wk(comm, keys, roles);
+    std::this_thread::sleep_for(600ms);  // silent past the server's idle timeout
+    std::vector<float> w(1001);
+    try {
+      wk.wait(wk.pull(7, w));
+      ++failures;
+    } catch (const cohort::error& e) {
+      if (e.code() != cohort::errc::timed_out) ++failures;  // the server's cause, passed on
+    }
+  });
+  CHECK(failures == 0);
+  CHECK(std::chrono::steady_clock::now() - start < 3s);
+}
