@@ -184,3 +184,56 @@ TEST_CASE("ps processes: a killed server fails every rank with peer_lost") {
     CHECK(took < 4s);
   }
 }
+
+TEST_CASE("ps processes: a worker that pushes, then computes, does not hold up the others") {
+  // Over shm a send moves only inside its sender's calls: worker 1 pushes 4 MiB (more than
+  // the ring holds) and sleeps 1.5 s before it waits. The server receives that payload while it
+  // answers worker 2, whose round trips must stay short.
+  const std::string id = "ps-test-" + std::to_string(::getpid()) + "-hold";
+  const ps::roles roles{1, 3};
+  const std::vector<ps::key_spec> keys = {{0, std::size_t{1} << 20}, {1, 1000}};
+  std::vector<pid_t> pids;
+  std::fflush(nullptr);
+  for (int r = 0; r < 3; ++r) {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      const int code = run_rank(job{transport_kind::shm, 1, 3, id, 0}, r, [&](auto& comm) {
+        if (r == 0) {
+          ps::server_options o;
+          o.mode = ps::consistency::async();
+          ps::server srv(comm, keys, roles, o);
+          srv.serve();
+          return;
+        }
+        ps::worker wk(comm, keys, roles);
+        if (r == 1) {
+          std::vector<float> g(std::size_t{1} << 20, 1.0f);
+          const auto t = wk.push(0, g);
+          std::this_thread::sleep_for(1500ms);
+          wk.wait(t);
+        } else {
+          std::vector<float> g(1000, 1.0f), w(1000);
+          std::this_thread::sleep_for(100ms);
+          for (int i = 0; i < 50; ++i) {
+            const auto t0 = steady::now();
+            wk.wait(wk.push(1, g));
+            wk.wait(wk.pull(1, w));
+            if (steady::now() - t0 > 200ms) throw std::runtime_error("a round trip took > 200 ms");
+            std::this_thread::sleep_for(10ms);
+          }
+        }
+        wk.finish();
+      });
+      std::fflush(nullptr);
+      ::_exit(code);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) {
+    int st = 0;
+    REQUIRE(::waitpid(pid, &st, 0) == pid);
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 0);
+  }
+}

@@ -29,11 +29,13 @@ namespace cohort::ps {
 /// worker is ready: a receive for the next request is posted to every worker, and the loop
 /// looks at each in turn, then waits on one for a short slice that grows while nothing comes
 /// (20 us to 250 us; 300 ms, long enough for the transport to notice a dead process, after
-/// 100 ms of silence while requests are held, or after 1 s of silence). Requests from one worker
-/// are served in order; a request that must wait (a sync push of a later step, a pull whose step or
-/// staleness bound is not met) holds that worker's stream until it can be served. Replies are
-/// copies of the shard taken when served, so a later update never tears a pull. Memory: the shard,
-/// its state, in sync mode a sum, and per worker one receive buffer and up to 8 queued replies.
+/// 100 ms of silence while requests are held, or after 1 s of silence). Requests from one
+/// worker are served in order; a request that must wait (a sync push of a later step, a pull
+/// whose step or staleness bound is not met) holds that worker's stream until it can be
+/// served. A push's payload is received while the other workers are served (a worker's bytes
+/// may move only inside its own calls). Replies are copies of the shard taken when served, so
+/// a later update never tears a pull. Memory: the shard, its state, in sync mode a sum, and
+/// per worker one receive buffer and up to 8 queued replies.
 ///
 /// Failures: a worker lost in sync mode fails the whole job with `errc::peer_lost` (through
 /// the communicator's abort, so every worker's waits fail too) naming that worker; in async
@@ -122,7 +124,6 @@ class server {
       fail_what_ = "ps::serve: " + comm_.last_failure()->what;
       return;
     }
-    auto& t = comm_.transport();
     active_ = 0;
     for (peer& p : peers_)
       if (p.active) {
@@ -138,19 +139,13 @@ class server {
       bool progressed = false;
       for (peer& p : peers_) {
         if (!p.active) continue;
-        if (!p.pending) {
-          std::error_code wec;
-          t.wait(p.hdr_req, clock::now(), wec);  // a deadline passed: one look
-          if (wec == errc::timed_out) continue;
-          if (wec) {
-            lost(p, wec, ec);
-            if (ec) return;
-            progressed = true;
-            continue;
-          }
-          p.pending = true;
+        if (listening(p)) {
+          if (!look(p, clock::now(), ec)) continue;  // a deadline passed: one look
+          progressed = true;
+          if (ec) return;
+          if (!p.active || !p.pending) continue;
         }
-        if (serve_one(p, ec)) progressed = true;
+        if (serve_one(p)) progressed = true;
         if (ec) return;
       }
       const auto now = clock::now();
@@ -180,7 +175,7 @@ class server {
       for (std::size_t i = 0; i < peers_.size(); ++i) {
         peer& p = peers_[(turn + i) % peers_.size()];
         if (!p.active) continue;
-        if (p.pending)
+        if (!listening(p))
           held = true;
         else if (target == nullptr)
           target = &p;
@@ -194,14 +189,11 @@ class server {
         std::this_thread::sleep_for(microseconds(200));  // every worker waits on a condition
         continue;
       }
-      std::error_code wec;
-      t.wait(target->hdr_req, now + d, wec);
-      if (!wec) {
-        target->pending = true;
-      } else if (wec != errc::timed_out) {
-        lost(*target, wec, ec);
-        if (ec) return;
+      if (look(*target, now + d, ec)) {
+        last_progress = clock::now();
+        slice = microseconds(20);
       }
+      if (ec) return;
     }
     // What is queued to the workers still has to leave before the transport may close.
     for (peer& p : peers_)
@@ -229,6 +221,8 @@ class server {
   struct peer {
     int rank = 0;
     bool active = true, pending = false, gone = false;
+    bool receiving = false;  // a push's payload is being received
+    request_type payload_req{};
     detail::request_header hdr{};
     request_type hdr_req{};
     std::deque<outgoing> out;
@@ -251,8 +245,31 @@ class server {
   }
   deadline call_deadline() const { return clock::now() + comm_.timeout(); }
 
+  // True while this server waits for bytes from `p`: its next request, or a push's payload.
+  static bool listening(const peer& p) noexcept { return !p.pending || p.receiving; }
+
+  // Waits until `until` for what `p` is listened to for; true if it came (or `p` failed) and
+  // was handled: a request header is marked pending (serve_one serves it), a payload applied.
+  bool look(peer& p, deadline until, std::error_code& ec) {
+    std::error_code wec;
+    comm_.transport().wait(p.receiving ? p.payload_req : p.hdr_req, until, wec);
+    if (wec == errc::timed_out) return false;
+    if (wec) {
+      lost(p, wec, ec);
+      return true;
+    }
+    if (p.receiving) {
+      p.receiving = false;
+      finish_push(p);
+    } else {
+      p.pending = true;
+    }
+    return true;
+  }
+
   void post_header(peer& p) {
     p.pending = false;
+    p.receiving = false;
     p.hdr_req = comm_.transport().recv(p.rank, std::as_writable_bytes(std::span(&p.hdr, 1)));
   }
 
@@ -355,7 +372,7 @@ class server {
   }
 
   // Serves p's received request if it can be served now; true if it was.
-  bool serve_one(peer& p, std::error_code& ec) {
+  bool serve_one(peer& p) {
     const detail::request_header& h = p.hdr;
     const auto mode = opts_.mode.mode;
     if (h.magic != detail::request_magic ||
@@ -403,20 +420,25 @@ class server {
       return true;
     }
     if (mode == consistency_mode::sync && h.step > s.version) return false;  // a later step
+    // The payload is received while the other workers are served (look, then finish_push).
     p.in.resize(s.w.size());
-    auto& t = comm_.transport();
     const auto raw = compressed ? p.raw.get(h.bytes) : std::as_writable_bytes(std::span(p.in));
-    request_type r = t.recv(p.rank, raw);
-    std::error_code wec;
-    t.wait(r, call_deadline(), wec);
-    if (wec) {
-      lost(p, wec, ec);
-      return true;
-    }
-    if (compressed) {
+    p.payload_req = comm_.transport().recv(p.rank, raw);
+    p.receiving = true;
+    return true;
+  }
+
+  // A push's payload arrived in full: decodes it if it is compressed, applies it, answers.
+  void finish_push(peer& p) {
+    const detail::request_header& h = p.hdr;
+    shard& s = shards_[index_.find(h.key)->second];
+    std::uint64_t& clk = s.clock[windex(p)];
+    const auto mode = opts_.mode.mode;
+    if (h.compressed != 0) {
+      const auto raw = p.raw.get(h.bytes);
       if (!decoder_->acceptable(raw, p.in.size())) {
         refuse(p, errc::protocol_error);  // a malformed encoding is never decoded
-        return true;
+        return;
       }
       decoder_->decode(raw, p.in);
     }
@@ -438,7 +460,6 @@ class server {
     outgoing& o = enqueue(p, detail::op::push, errc::ok, s.version);
     send(p, o);
     post_header(p);
-    return true;
   }
 
   Comm& comm_;
