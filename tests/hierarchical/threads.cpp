@@ -4,6 +4,7 @@
 // the rounding bound, compressed all_reduce, and failures naming world ranks.
 #include "../support.hpp"
 
+#include <latch>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -198,10 +199,14 @@ TEST_CASE("hierarchical: a rank that leaves fails every other rank, naming world
   for (layout lay : {layout{2, 2}, layout{3, 2}}) {
     const int p = lay.hosts * lay.l_size;
     std::vector<int> codes(static_cast<std::size_t>(p), 0);
+    std::latch first_done(p);
     const auto start = std::chrono::steady_clock::now();
     run_hierarchical(lay, [&](loopback_hier& comm) {
       std::vector<float> x(10000, 1.0f);
       cohort::all_reduce(comm, x, cohort::ops::sum);
+      // Every rank has its result before one leaves: a loopback transport that detaches drops
+      // what it had sent and a peer had not taken yet.
+      first_done.arrive_and_wait();
       if (comm.rank() == p - 1) return;  // leaves: its transports detach
       try {
         for (int i = 0; i < 3; ++i) cohort::all_reduce(comm, x, cohort::ops::sum, {.timeout = 10s});
