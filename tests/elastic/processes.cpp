@@ -1,0 +1,266 @@
+// Elastic jobs with ranks as processes, over shm and TCP (meeting at a file store): a rank
+// killed mid-all_reduce, the survivors going on, a newcomer taken in, all ending with the same
+// model to the bit; two ranks killed below the minimum size; a stopped rank resumed after it
+// was left out.
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cohort/elastic.hpp>
+#include <cohort/elastic/tcp.hpp>
+#include <cohort/rendezvous/file_store.hpp>
+
+#include "../faults/process.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using cohort::faults::reap;
+using cohort::faults::spawn;
+using cohort::faults::status_text;
+
+enum class fault { none, kill, stop };
+
+struct scenario {
+  bool tcp = false;
+  std::string dir, job;
+  int min_size = 2;
+  int steps = 30;         // at least this many steps...
+  int until_size = 0;     // ...and then on (at most 3000) until the job has this many ranks
+  std::chrono::milliseconds timeout = 10s, window = 1000ms;
+};
+
+constexpr std::size_t model_size = 4096;
+
+void gradient(std::vector<float>& g, const std::vector<float>& w, int rank, std::int64_t step) {
+  for (std::size_t i = 0; i < g.size(); ++i)
+    g[i] = static_cast<float>(static_cast<int>((i * 7 + static_cast<std::size_t>(rank) * 13 +
+                                                static_cast<std::size_t>(step) * 31) % 9) - 4) +
+           (w[i] > 0 ? 0.5f : 0.0f);
+}
+
+std::uint64_t checksum(const std::vector<float>& w) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (float x : w) {
+    std::uint32_t bits;
+    std::memcpy(&bits, &x, 4);
+    h = (h ^ bits) * 1099511628211ull;
+  }
+  return h;
+}
+
+// One process of the job. Exit codes: 0 trained to the end, 3 the job stopped (aborted, and
+// the message says so), 4 left out of a generation, 1 anything else.
+int worker(const scenario& sc, const char* name, fault f, int fault_step) {
+  cohort::file_store store(sc.dir);
+  cohort::elastic::options o;
+  o.job = sc.job;
+  o.min_size = sc.min_size;
+  o.max_size = 4;
+  o.timeout = sc.timeout;
+  o.join_window = sc.window;
+  o.join_timeout = 30s;
+  std::vector<float> w(model_size, 0.0f), g(model_size);
+  cohort::elastic::state st;
+  st.add(std::span(w));
+  std::string log;
+  std::int64_t id = 0;
+  auto train = [&](auto& ctx) {
+    for (std::int64_t step = st.step();
+         step < sc.steps || (ctx.size() < sc.until_size && step < 3000); ++step) {
+      if (f != fault::none && step == fault_step && ctx.current().number == 0) {
+        std::fflush(nullptr);
+        ::raise(f == fault::kill ? SIGKILL : SIGSTOP);  // the others are in the all_reduce
+      }
+      gradient(g, w, ctx.rank(), step);
+      cohort::all_reduce(ctx.comm(), g, cohort::ops::sum);
+      for (std::size_t i = 0; i < w.size(); ++i) w[i] -= g[i] / 1024;
+      ctx.commit(step + 1);
+      if (sc.until_size > 0) std::this_thread::sleep_for(2ms);
+    }
+  };
+  auto on_generation = [&](const auto& ctx) {
+    const auto& gen = ctx.current();
+    id = gen.members[static_cast<std::size_t>(gen.rank)];
+    log += " " + std::to_string(gen.number) + ":" + std::to_string(gen.size());
+    std::printf("%s: generation %llu: rank %d of %d (state of step %lld from rank %d)\n", name,
+                static_cast<unsigned long long>(gen.number), ctx.rank(), ctx.size(),
+                static_cast<long long>(st.step()), ctx.synced_from());
+    std::fflush(stdout);
+  };
+  try {
+    if (sc.tcp) {
+      cohort::tcp_options t;
+      t.interface = "lo";
+      t.connect_timeout = 10s;
+      cohort::elastic::run(store, o, st, cohort::elastic::tcp_generations{&store, t}, train,
+                           on_generation);
+    } else {
+      cohort::elastic::run(store, o, st, cohort::elastic::shm_generations{}, train,
+                           on_generation);
+    }
+  } catch (const cohort::error& e) {
+    std::printf("%s: %s\n", name, e.what());
+    std::fflush(stdout);
+    store.set(std::string("error/") + name, e.what());
+    const std::string what = e.what();
+    if (e.code() == cohort::errc::aborted && what.find("stopped") != std::string::npos) return 3;
+    if (e.code() == cohort::errc::aborted && what.find("left out") != std::string::npos) return 4;
+    return 1;
+  }
+  store.set(std::string("result/") + name, std::to_string(checksum(w)) + " step " +
+                                               std::to_string(st.step()) + " id " +
+                                               std::to_string(id) + " log" + log);
+  return 0;
+}
+
+struct job_dir {
+  std::string path;
+  job_dir() {
+    char d[] = "/tmp/cohort-elastic-XXXXXX";
+    REQUIRE(::mkdtemp(d) != nullptr);
+    path = d;
+  }
+  ~job_dir() { std::filesystem::remove_all(path); }
+};
+
+scenario make(bool tcp, const job_dir& d, const char* what) {
+  scenario sc;
+  sc.tcp = tcp;
+  sc.dir = d.path;
+  sc.job = std::string("el-") + what + "-" + std::to_string(::getpid());
+  return sc;
+}
+
+std::string result(const scenario& sc, const std::string& name) {
+  cohort::file_store s(sc.dir);
+  return s.try_get("result/" + name).value_or("(none)");
+}
+
+void kill_one_then_grow(bool tcp) {
+  job_dir d;
+  scenario sc = make(tcp, d, tcp ? "grow-tcp" : "grow-shm");
+  sc.until_size = 4;
+  const auto start = cohort::faults::steady::now();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 4; ++r) {
+    const std::string name = "w" + std::to_string(r);
+    pids.push_back(spawn(r, [&, name](int rr) {
+      return worker(sc, name.c_str(), rr == 3 ? fault::kill : fault::none, 5);
+    }));
+  }
+  // Once the victim is dead and generation 1 is decided, a replacement comes.
+  int st = 0;
+  REQUIRE(::waitpid(pids[3], &st, 0) == pids[3]);
+  CHECK(WIFSIGNALED(st));
+  {
+    cohort::file_store s(sc.dir);
+    s.get("elastic/" + sc.job + "/g1/members", cohort::clock::now() + 30s);
+  }
+  pids[3] = spawn(4, [&](int) { return worker(sc, "new", fault::none, 0); });
+  const auto status = reap(pids, 60s);
+  const double seconds =
+      std::chrono::duration<double>(cohort::faults::steady::now() - start).count();
+  MESSAGE("kill one, grow back (" << (tcp ? "tcp" : "shm") << "): " << seconds << " s");
+  for (std::size_t i = 0; i < status.size(); ++i) CHECK_MESSAGE(status[i] == 0, status_text(status[i]));
+  const std::string want = result(sc, "w0");
+  const std::string sum = want.substr(0, want.find(' '));
+  for (const char* n : {"w0", "w1", "w2", "new"}) {
+    const std::string r = result(sc, n);
+    INFO(n << ": " << r);
+    CHECK(r.substr(0, r.find(' ')) == sum);  // the same model to the bit
+  }
+  for (const char* n : {"w0", "w1", "w2"}) CHECK(result(sc, n).find("log 0:4 1:3 2:4") != std::string::npos);
+  CHECK(result(sc, "new").find("log 2:4") != std::string::npos);
+  CHECK(cohort::faults::shm_names(sc.job).empty());
+}
+
+TEST_CASE("elastic shm: a rank killed mid-all_reduce, 3 go on, a newcomer joins") {
+  kill_one_then_grow(false);
+}
+
+TEST_CASE("elastic tcp: a rank killed mid-all_reduce, 3 go on, a newcomer joins") {
+  kill_one_then_grow(true);
+}
+
+void kill_two_below_minimum(bool tcp) {
+  job_dir d;
+  scenario sc = make(tcp, d, tcp ? "min-tcp" : "min-shm");
+  sc.min_size = 3;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 4; ++r) {
+    const std::string name = "w" + std::to_string(r);
+    pids.push_back(spawn(r, [&, name](int rr) {
+      return worker(sc, name.c_str(), rr >= 2 ? fault::kill : fault::none, 5);
+    }));
+  }
+  const auto status = reap(pids, 40s);
+  for (int r = 0; r < 2; ++r) {
+    INFO("w" << r << ": " << status_text(status[static_cast<std::size_t>(r)]));
+    CHECK(status[static_cast<std::size_t>(r)] == 3);  // stopped, with the reason
+  }
+  CHECK(status[2] == -SIGKILL);
+  CHECK(status[3] == -SIGKILL);
+  cohort::file_store s(sc.dir);
+  const std::string e = s.try_get("error/w0").value_or("");
+  INFO(e);
+  CHECK(e.find("fewer than the job's minimum of 3") != std::string::npos);
+  CHECK(cohort::faults::shm_names(sc.job).empty());
+}
+
+TEST_CASE("elastic shm: two ranks killed at once leave fewer than the minimum: the job stops") {
+  kill_two_below_minimum(false);
+}
+
+TEST_CASE("elastic tcp: two ranks killed at once leave fewer than the minimum: the job stops") {
+  kill_two_below_minimum(true);
+}
+
+void stopped_rank_left_out(bool tcp) {
+  job_dir d;
+  scenario sc = make(tcp, d, tcp ? "stop-tcp" : "stop-shm");
+  sc.timeout = 1000ms;
+  sc.window = 300ms;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 4; ++r) {
+    const std::string name = "w" + std::to_string(r);
+    pids.push_back(spawn(r, [&, name](int rr) {
+      return worker(sc, name.c_str(), rr == 3 ? fault::stop : fault::none, 5);
+    }));
+  }
+  {
+    cohort::file_store s(sc.dir);
+    s.get("elastic/" + sc.job + "/g1/members", cohort::clock::now() + 30s);
+  }
+  ::kill(pids[3], SIGCONT);
+  const auto status = reap(pids, 40s);
+  for (int r = 0; r < 3; ++r) CHECK_MESSAGE(status[static_cast<std::size_t>(r)] == 0,
+                                            status_text(status[static_cast<std::size_t>(r)]));
+  CHECK_MESSAGE(status[3] == 4, status_text(status[3]));
+  cohort::file_store s(sc.dir);
+  const std::string e = s.try_get("error/w3").value_or("");
+  INFO(e);
+  CHECK(e.find("left out of generation 1") != std::string::npos);
+  for (int r = 0; r < 3; ++r)
+    CHECK(result(sc, "w" + std::to_string(r)).find("log 0:4 1:3") != std::string::npos);
+  CHECK(cohort::faults::shm_names(sc.job).empty());
+}
+
+TEST_CASE("elastic shm: a stopped rank resumed after it was left out fails cleanly") {
+  stopped_rank_left_out(false);
+}
+
+TEST_CASE("elastic tcp: a stopped rank resumed after it was left out fails cleanly") {
+  stopped_rank_left_out(true);
+}
+
+}  // namespace
