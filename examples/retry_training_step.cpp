@@ -1,42 +1,42 @@
-// Retrying a training step after a rank dies: the shape of torchrun's restarts and Elastic
-// Horovod, on one host.
+// Going on after a rank dies, with cohort::elastic: the shape of Elastic Horovod and torchrun's
+// elastic agent, on one host.
 //
 //   retry_training_step [--ranks N] [--steps S] [--crash-rank R] [--crash-step K] [--transport shm|tcp]
 //
-// A supervisor (this process) starts N workers, generation 0. Each trains a toy model: per step
-// it computes a gradient, all_reduces it, and takes an SGD step. Worker R crashes (SIGKILL) at
-// step K. The others fail with peer_lost (their communicator is poisoned: build a new one) and
-// wait for the next generation. The supervisor sees the crash, announces generation 1 in a
-// store and starts a new worker R. Every worker builds a new communicator for the new
-// generation, the ranks agree on the most advanced state (a survivor may have finished step K
-// before it noticed the crash: its all_reduce had all it needed) and copy it from its owner,
-// then retry from there. At the end the supervisor checks that every worker holds the model an
-// uninterrupted run gives, to the bit. (One failure at a time: a second death during recovery
-// would need the survivors to follow the latest generation, as Elastic Horovod does.)
+// A supervisor (this process) starts N workers. Each trains a toy model with
+// cohort::elastic::run: per step the generation's ranks split N data shards between them,
+// all_reduce their gradients and take an SGD step, then commit. The worker started as R
+// crashes (SIGKILL) at step K. The others fail with peer_lost, agree in the store on generation
+// 1 (N-1 ranks), sync the state from the most advanced of them and go on. The supervisor starts
+// a replacement, which registers in the store and is taken in at the next commit (generation
+// 2, N ranks again); it receives the state. The gradients are small integers, exact in any
+// order of summation, so every worker ends with the model an uninterrupted run gives, to the
+// bit: the supervisor checks it.
 //
 // Output (abridged):
-//   supervisor: generation 0: 3 workers
-//   worker 1 (generation 0): crashing at step 7
-//   worker 0 (generation 0): step 7 failed: all_reduce #7: lost rank 1 (...): rebuilding
-//   supervisor: rank 1 died (signal 9); generation 1
-//   worker 1 (generation 1): joined at step 7 (state from rank 0)
+//   supervisor: 3 workers
+//   worker 1: generation 0: rank 1 of 3, from step 0
+//   worker 1: crashing at step 7
+//   worker 0: generation 1: rank 0 of 2, from step 7 (state from rank 0)
+//   supervisor: worker 1 died (signal 9); starting a replacement
+//   worker 3: generation 2: rank 2 of 3, from step 8 (state from rank 0)
 //   supervisor: 3 workers finished 20 steps; every model matches the uninterrupted run
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <cohort/cohort.hpp>
+#include <cohort/elastic.hpp>
+#include <cohort/elastic/tcp.hpp>
 #include <cohort/rendezvous/file_store.hpp>
-#include <cohort/transport/shm.hpp>
-#include <cohort/transport/tcp.hpp>
 
 using namespace std::chrono_literals;
 
@@ -51,12 +51,12 @@ struct options {
 constexpr std::size_t model_size = 100'000;
 constexpr float learning_rate = 1.0f / 1024;
 
-// A deterministic gradient of small integers (so that the sum is exact in any order, and the
-// uninterrupted run can be recomputed serially).
-void gradient(std::vector<float>& g, const std::vector<float>& w, int rank, int step) {
+// Shard `shard`'s gradient: small integers, so that a sum is exact in any order.
+void add_gradient(std::vector<float>& g, const std::vector<float>& w, int shard, std::int64_t step) {
   for (std::size_t i = 0; i < g.size(); ++i)
-    g[i] = static_cast<float>(static_cast<int>((i * 7 + static_cast<std::size_t>(rank) * 13 + static_cast<std::size_t>(step) * 31) % 9) - 4) +
-           (w[i] > 0 ? 1.0f : 0.0f);
+    g[i] += static_cast<float>(static_cast<int>((i * 7 + static_cast<std::size_t>(shard) * 13 +
+                                                 static_cast<std::size_t>(step) * 31) % 9) - 4) +
+            (w[i] > 0 ? 1.0f : 0.0f);
 }
 
 std::uint64_t checksum(const std::vector<float>& w) {
@@ -69,90 +69,78 @@ std::uint64_t checksum(const std::vector<float>& w) {
   return h;
 }
 
-// One generation's communicator: shm, or TCP meeting at the supervisor's store directory.
-template <class Fn>
-void with_communicator(const options& o, int rank, int generation, Fn&& fn) {
-  const std::string job = o.job + "-g" + std::to_string(generation);
-  if (!o.tcp) {
-    cohort::shm_communicator comm(std::in_place, job, rank, o.ranks);
-    fn(comm);
-    return;
-  }
-  cohort::launch_info info;
-  info.rank = rank;
-  info.size = info.local_size = o.ranks;
-  info.local_rank = rank;
-  info.job_id = job;
-  cohort::tcp_options t;
-  t.interface = "lo";
-  t.connect_timeout = 30s;
+int worker(const options& o, int name) {
   cohort::file_store store(o.store_dir);
-  auto comm = cohort::make_tcp_communicator(info, store, t);
-  fn(comm);
-}
-
-int worker(const options& o, int rank, int generation) {
-  cohort::file_store control(o.store_dir);
+  cohort::elastic::options eo;
+  eo.job = o.job;
+  eo.min_size = 1;
+  eo.max_size = o.ranks;
+  eo.timeout = 20s;
   std::vector<float> w(model_size, 0.0f), g(model_size);
-  int step = 0;  // steps done: w is the model after them
-  for (;;) {
-    bool done = false;
-    try {
-      with_communicator(o, rank, generation, [&](auto& comm) {
-        comm.set_timeout(20s);
-        // Agree on the most advanced state and copy it from the lowest rank that holds it.
-        std::vector<int> mine{step}, best(1);
-        cohort::all_reduce(comm, mine, best, cohort::ops::max);
-        std::vector<int> owner{step == best[0] ? rank : o.ranks}, first(1);
-        cohort::all_reduce(comm, owner, first, cohort::ops::min);
-        cohort::broadcast(comm, w, first[0]);
-        if (generation > 0 && step != best[0])
-          std::printf("worker %d (generation %d): joined at step %d (state from rank %d)\n", rank, generation, best[0], first[0]);
-        step = best[0];
-        for (; step < o.steps; ++step) {
-          if (rank == o.crash_rank && step == o.crash_step && generation == 0) {
-            std::printf("worker %d (generation 0): crashing at step %d\n", rank, step);
-            std::fflush(stdout);
-            ::raise(SIGKILL);  // a node failure, as far as the others can tell
-          }
-          gradient(g, w, rank, step);
-          cohort::all_reduce(comm, g, cohort::ops::sum);  // throws on failure: the step is retried
-          for (std::size_t i = 0; i < w.size(); ++i) w[i] -= learning_rate * g[i];
-        }
-        done = true;
-      });
-    } catch (const cohort::error& e) {
-      std::printf("worker %d (generation %d): step %d failed: %s: rebuilding\n", rank, generation, step, e.what());
-      std::fflush(stdout);
+  cohort::elastic::state st;
+  st.add(std::span(w));
+
+  auto train = [&](auto& ctx) {
+    // Short of ranks: hold at this step (at most 5 s) until a replacement is taken in.
+    for (int i = 0; i < 500 && ctx.size() < o.ranks; ++i) {
+      ctx.commit(st.step());  // ends the generation once a newcomer waits
+      std::this_thread::sleep_for(10ms);
     }
-    if (done) break;
-    // Wait for the supervisor to announce the next generation, then rebuild.
-    ++generation;
-    control.get("generation/" + std::to_string(generation), cohort::clock::now() + 60s);
+    for (std::int64_t step = st.step(); step < o.steps; ++step) {
+      if (name == o.crash_rank && step == o.crash_step) {
+        std::printf("worker %d: crashing at step %lld\n", name, static_cast<long long>(step));
+        std::fflush(stdout);
+        ::raise(SIGKILL);  // a node failure, as far as the others can tell
+      }
+      std::fill(g.begin(), g.end(), 0.0f);
+      for (int shard = ctx.rank(); shard < o.ranks; shard += ctx.size()) add_gradient(g, w, shard, step);
+      cohort::all_reduce(ctx.comm(), g, cohort::ops::sum);
+      for (std::size_t i = 0; i < w.size(); ++i) w[i] -= learning_rate * g[i];
+      ctx.commit(step + 1);
+    }
+  };
+  auto on_generation = [&](const auto& ctx) {
+    std::printf("worker %d: generation %llu: rank %d of %d, from step %lld", name,
+                static_cast<unsigned long long>(ctx.current().number), ctx.rank(), ctx.size(),
+                static_cast<long long>(st.step()));
+    if (ctx.current().number > 0) std::printf(" (state from rank %d)", ctx.synced_from());
+    std::printf("\n");
+    std::fflush(stdout);
+  };
+  try {
+    if (o.tcp) {
+      cohort::tcp_options t;
+      t.interface = "lo";
+      t.connect_timeout = 30s;
+      cohort::elastic::run(store, eo, st, cohort::elastic::tcp_generations{&store, t}, train,
+                           on_generation);
+    } else {
+      cohort::elastic::run(store, eo, st, cohort::elastic::shm_generations{}, train, on_generation);
+    }
+  } catch (const cohort::error& e) {
+    std::printf("worker %d: %s\n", name, e.what());
+    return 1;
   }
-  control.set("result/" + std::to_string(rank), std::to_string(checksum(w)));
+  store.set("result/" + std::to_string(name), std::to_string(checksum(w)));
   return 0;
 }
 
 // The uninterrupted run, serially.
 std::uint64_t reference(const options& o) {
-  std::vector<float> w(model_size, 0.0f), g(model_size), sum(model_size);
+  std::vector<float> w(model_size, 0.0f), g(model_size);
   for (int step = 0; step < o.steps; ++step) {
-    std::fill(sum.begin(), sum.end(), 0.0f);
-    for (int r = 0; r < o.ranks; ++r) {
-      gradient(g, w, r, step);
-      for (std::size_t i = 0; i < w.size(); ++i) sum[i] += g[i];
-    }
-    for (std::size_t i = 0; i < w.size(); ++i) w[i] -= learning_rate * sum[i];
+    std::fill(g.begin(), g.end(), 0.0f);
+    for (int s = 0; s < o.ranks; ++s) add_gradient(g, w, s, step);
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] -= learning_rate * g[i];
   }
   return checksum(w);
 }
 
-pid_t start(const options& o, int rank, int generation) {
+pid_t start(const options& o, int name) {
   std::fflush(nullptr);
   const pid_t pid = ::fork();
   if (pid == 0) {
-    const int code = worker(o, rank, generation);
+    const int code = worker(o, name);
     std::fflush(nullptr);
     ::_exit(code);
   }
@@ -176,39 +164,38 @@ int main(int argc, char** argv) {
   if (!::mkdtemp(dir)) return 1;
   o.store_dir = dir;
   o.job = "retry-" + std::to_string(::getpid());
-  cohort::file_store control(o.store_dir);
 
-  int generation = 0;
-  std::vector<pid_t> workers(o.ranks);
-  std::printf("supervisor: generation 0: %d workers\n", o.ranks);
-  for (int r = 0; r < o.ranks; ++r) workers[r] = start(o, r, 0);
-  int running = o.ranks, restarts = 0, status = 0;
-  while (running > 0) {
+  std::printf("supervisor: %d workers\n", o.ranks);
+  std::vector<pid_t> workers;
+  for (int r = 0; r < o.ranks; ++r) workers.push_back(start(o, r));
+  std::vector<int> finished;
+  int status = 0, restarts = 0;
+  bool failed = false;
+  for (std::size_t running = workers.size(); running > 0; --running) {
     const pid_t pid = ::waitpid(-1, &status, 0);
-    int rank = 0;
-    while (rank < o.ranks && workers[rank] != pid) ++rank;
-    if (rank == o.ranks) continue;
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-      --running;
+    int name = 0;
+    while (name < static_cast<int>(workers.size()) && workers[static_cast<std::size_t>(name)] != pid) ++name;
+    if (name == static_cast<int>(workers.size())) {
+      ++running;
       continue;
     }
-    if (++restarts > 3) {
-      std::printf("supervisor: too many failures; giving up\n");
-      for (pid_t p : workers) ::kill(p, SIGKILL);
-      return 1;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+      finished.push_back(name);
+    } else if (WIFSIGNALED(status) && restarts < 3) {
+      ++restarts;
+      std::printf("supervisor: worker %d died (signal %d); starting a replacement\n", name, WTERMSIG(status));
+      workers.push_back(start(o, static_cast<int>(workers.size())));
+      ++running;
+    } else {
+      failed = true;
     }
-    ++generation;
-    std::printf("supervisor: rank %d died (%s %d); generation %d\n", rank,
-                WIFSIGNALED(status) ? "signal" : "exit", WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status),
-                generation);
-    control.set("generation/" + std::to_string(generation), "go");
-    workers[rank] = start(o, rank, generation);
   }
+  cohort::file_store control(o.store_dir);
   const std::string want = std::to_string(reference(o));
-  bool all_match = true;
-  for (int r = 0; r < o.ranks; ++r) all_match = all_match && control.try_get("result/" + std::to_string(r)) == want;
+  bool all_match = !failed && static_cast<int>(finished.size()) == o.ranks;
+  for (int n : finished) all_match = all_match && control.try_get("result/" + std::to_string(n)) == want;
   std::filesystem::remove_all(o.store_dir);
-  std::printf("supervisor: %d workers finished %d steps after %d restart(s); %s\n", o.ranks, o.steps, restarts,
-              all_match ? "every model matches the uninterrupted run" : "MODELS DIFFER from the uninterrupted run");
+  std::printf("supervisor: %zu workers finished %d steps after %d restart(s); %s\n", finished.size(), o.steps,
+              restarts, all_match ? "every model matches the uninterrupted run" : "MODELS DIFFER from the uninterrupted run");
   return all_match ? 0 : 1;
 }
