@@ -1,0 +1,226 @@
+// Elastic jobs with members as threads: the membership protocol over a file store and a TCP
+// store (one member list per generation whoever decides it; the minimum size; a member left
+// out), and the state's commit, restore and sync over the loopback transport.
+#include <doctest/doctest.h>
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cohort/cohort.hpp>
+#include <cohort/elastic.hpp>
+#include <cohort/rendezvous/file_store.hpp>
+#include <cohort/rendezvous/tcp_store.hpp>
+#include <cohort/rendezvous/tcp_store_server.hpp>
+#include <cohort/transport/loopback.hpp>
+
+namespace {
+
+using namespace std::chrono_literals;
+using cohort::elastic::generation;
+using cohort::elastic::membership;
+
+struct temp_dir {
+  std::string path;
+  temp_dir() {
+    char d[] = "/tmp/cohort-elastic-t-XXXXXX";
+    REQUIRE(::mkdtemp(d) != nullptr);
+    path = d;
+  }
+  ~temp_dir() { std::filesystem::remove_all(path); }
+};
+
+cohort::elastic::options settings(int min_size, int max_size) {
+  cohort::elastic::options o;
+  o.job = "t";
+  o.min_size = min_size;
+  o.max_size = max_size;
+  o.join_window = 1000ms;  // a member on a loaded machine may lag; only the left-out case waits it
+  o.join_timeout = 20s;
+  return o;
+}
+
+// Runs `body(i)` on n threads at once.
+template <class Body>
+void on_threads(int n, Body body) {
+  std::vector<std::thread> ts;
+  for (int i = 0; i < n; ++i) ts.emplace_back([&, i] { body(i); });
+  for (auto& t : ts) t.join();
+}
+
+template <class Make>
+void join_shrink_grow(Make make) {
+  // Generation 0: four joiners, one list; generation 1: member 3 lost, 3 go on; generation 2:
+  // a newcomer taken in.
+  std::vector<generation> g0(4), g1(3);
+  std::vector<std::unique_ptr<membership>> ms(4);
+  std::vector<std::unique_ptr<cohort::store>> stores(5);
+  for (auto& s : stores) s = make();
+  on_threads(4, [&](int i) {
+    ms[static_cast<std::size_t>(i)] = std::make_unique<membership>(*stores[static_cast<std::size_t>(i)], settings(2, 4));
+    g0[static_cast<std::size_t>(i)] = ms[static_cast<std::size_t>(i)]->join();
+  });
+  for (int i = 0; i < 4; ++i) {
+    CHECK(g0[static_cast<std::size_t>(i)].members == g0[0].members);
+    CHECK(g0[static_cast<std::size_t>(i)].number == 0);
+  }
+  REQUIRE(g0[0].size() == 4);
+  // The member with rank 3 dies; the one with rank 2 saw it (peer_lost naming rank 3).
+  std::vector<int> going;
+  for (int i = 0; i < 4; ++i)
+    if (g0[static_cast<std::size_t>(i)].rank != 3) going.push_back(i);
+  on_threads(3, [&](int k) {
+    const int i = going[static_cast<std::size_t>(k)];
+    auto& m = *ms[static_cast<std::size_t>(i)];
+    const auto& cur = g0[static_cast<std::size_t>(i)];
+    m.go_on(cur, cur.rank == 2 ? std::vector<int>{3} : std::vector<int>{});
+    g1[static_cast<std::size_t>(k)] = m.next(cur);
+  });
+  for (const auto& g : g1) {
+    CHECK(g.members == g1[0].members);
+    CHECK(g.number == 1);
+  }
+  CHECK(g1[0].size() == 3);
+  std::vector<std::int64_t> want(g0[0].members.begin(), g0[0].members.begin() + 3);
+  CHECK(g1[0].members == want);  // survivors keep their order
+  // A newcomer; the running ranks see it and go on together.
+  generation fresh;
+  std::vector<generation> g2(3);
+  std::thread newcomer([&] {
+    membership m(*stores[4], settings(2, 4));
+    fresh = m.join();
+  });
+  const int first = going[0];
+  for (int tries = 0; tries < 2000 && !ms[static_cast<std::size_t>(first)]->newcomers_waiting(g1[0]); ++tries)
+    std::this_thread::sleep_for(5ms);
+  CHECK(ms[static_cast<std::size_t>(first)]->newcomers_waiting(g1[0]));
+  on_threads(3, [&](int k) {
+    auto& m = *ms[static_cast<std::size_t>(going[static_cast<std::size_t>(k)])];
+    m.go_on(g1[static_cast<std::size_t>(k)], {});
+    g2[static_cast<std::size_t>(k)] = m.next(g1[static_cast<std::size_t>(k)]);
+  });
+  newcomer.join();
+  CHECK(fresh.number == 2);
+  CHECK(fresh.rank == 3);
+  for (const auto& g : g2) CHECK(g.members == fresh.members);
+  CHECK_FALSE(ms[static_cast<std::size_t>(first)]->newcomers_waiting(g2[0]));
+}
+
+TEST_CASE("elastic membership over a file store: join, shrink, grow, one list per generation") {
+  temp_dir d;
+  join_shrink_grow([&]() -> std::unique_ptr<cohort::store> {
+    return std::make_unique<cohort::file_store>(d.path);
+  });
+}
+
+TEST_CASE("elastic membership over a TCP store: join, shrink, grow, one list per generation") {
+  cohort::tcp_store_server server("127.0.0.1", 0);
+  join_shrink_grow([&]() -> std::unique_ptr<cohort::store> {
+    return std::make_unique<cohort::tcp_store>("127.0.0.1", server.port());
+  });
+}
+
+TEST_CASE("elastic membership: fewer than the minimum stops the job with the reason") {
+  temp_dir d;
+  std::vector<generation> g0(3);
+  std::vector<std::unique_ptr<cohort::file_store>> stores;
+  std::vector<std::unique_ptr<membership>> ms;
+  for (int i = 0; i < 3; ++i) {
+    stores.push_back(std::make_unique<cohort::file_store>(d.path));
+    ms.push_back(std::make_unique<membership>(*stores.back(), settings(3, 3)));
+  }
+  on_threads(3, [&](int i) { g0[static_cast<std::size_t>(i)] = ms[static_cast<std::size_t>(i)]->join(); });
+  // One member is gone, reported by another: two left, the minimum is 3.
+  int lost = -1, reporter = -1;
+  for (int i = 0; i < 3; ++i) {
+    if (g0[static_cast<std::size_t>(i)].rank == 2) lost = i;
+    if (g0[static_cast<std::size_t>(i)].rank == 1) reporter = i;
+  }
+  std::vector<std::string> errors(3);
+  on_threads(3, [&](int i) {
+    if (i == lost) return;
+    const auto& cur = g0[static_cast<std::size_t>(i)];
+    ms[static_cast<std::size_t>(i)]->go_on(cur, i == reporter ? std::vector<int>{2} : std::vector<int>{});
+    try {
+      ms[static_cast<std::size_t>(i)]->next(cur);
+    } catch (const cohort::error& e) {
+      CHECK(e.code() == cohort::errc::aborted);
+      CHECK(e.operation() == "elastic.next");
+      errors[static_cast<std::size_t>(i)] = e.what();
+    }
+  });
+  for (int i = 0; i < 3; ++i) {
+    if (i == lost) continue;
+    INFO(errors[static_cast<std::size_t>(i)]);
+    CHECK(errors[static_cast<std::size_t>(i)].find("fewer than the job's minimum of 3") != std::string::npos);
+  }
+}
+
+TEST_CASE("elastic membership: a member that goes on too late is told it was left out") {
+  temp_dir d;
+  std::vector<generation> g0(3);
+  std::vector<std::unique_ptr<cohort::file_store>> stores;
+  std::vector<std::unique_ptr<membership>> ms;
+  for (int i = 0; i < 3; ++i) {
+    stores.push_back(std::make_unique<cohort::file_store>(d.path));
+    ms.push_back(std::make_unique<membership>(*stores.back(), settings(1, 3)));
+  }
+  on_threads(3, [&](int i) { g0[static_cast<std::size_t>(i)] = ms[static_cast<std::size_t>(i)]->join(); });
+  // Two go on; the third is slow (nobody reports it lost: the decider waits join_window).
+  std::vector<generation> g1(3);
+  on_threads(2, [&](int i) {
+    ms[static_cast<std::size_t>(i)]->go_on(g0[static_cast<std::size_t>(i)], {});
+    g1[static_cast<std::size_t>(i)] = ms[static_cast<std::size_t>(i)]->next(g0[static_cast<std::size_t>(i)]);
+  });
+  CHECK(g1[0].size() == 2);
+  CHECK(g1[1].members == g1[0].members);
+  ms[2]->go_on(g0[2], {});
+  try {
+    ms[2]->next(g0[2]);
+    FAIL("the late member was taken in");
+  } catch (const cohort::error& e) {
+    CHECK(e.code() == cohort::errc::aborted);
+    CHECK(std::string(e.what()).find("left out of generation 1") != std::string::npos);
+  }
+}
+
+TEST_CASE("elastic state: restore undoes an uncommitted step; sync copies the most advanced") {
+  constexpr int P = 4;
+  auto world = std::make_shared<cohort::loopback_world>(P);
+  std::vector<std::vector<float>> w(P, std::vector<float>(1000));
+  std::vector<std::vector<std::int64_t>> c(P, std::vector<std::int64_t>(3));
+  std::vector<int> roots(P);
+  std::vector<std::int64_t> steps(P);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < P; ++r)
+    ts.emplace_back([&, r] {
+      cohort::basic_communicator<cohort::loopback_transport> comm(std::in_place, world, r);
+      cohort::elastic::state st;
+      auto& mine = w[static_cast<std::size_t>(r)];
+      st.add(std::span(mine));
+      st.add(std::span(c[static_cast<std::size_t>(r)]));
+      // Ranks 1 and 2 got furthest (step 5), with different bytes; rank 1 must win.
+      const std::int64_t step = (r == 1 || r == 2) ? 5 : 4;
+      for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<float>(r * 1000 + static_cast<int>(i)) + 0.25f;
+      c[static_cast<std::size_t>(r)] = {r, step, 7};
+      st.commit(step);
+      // An uncommitted step that a failure cut short.
+      for (auto& x : mine) x = -1;
+      roots[static_cast<std::size_t>(r)] = st.sync(comm);
+      steps[static_cast<std::size_t>(r)] = st.step();
+    });
+  for (auto& t : ts) t.join();
+  for (int r = 0; r < P; ++r) {
+    CHECK(roots[static_cast<std::size_t>(r)] == 1);
+    CHECK(steps[static_cast<std::size_t>(r)] == 5);
+    CHECK(std::memcmp(w[static_cast<std::size_t>(r)].data(), w[1].data(), w[1].size() * 4) == 0);
+    CHECK(c[static_cast<std::size_t>(r)] == std::vector<std::int64_t>{1, 5, 7});
+  }
+  CHECK(w[0][3] == 1003.25f);
+}
+
+}  // namespace
