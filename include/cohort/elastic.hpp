@@ -112,6 +112,7 @@ void run(store& s, const options& o, state& st, MakeComm make_comm, Train&& trai
          OnGeneration&& on_generation) {
   membership m(s, o);
   generation gen = m.join();
+  bool newcomer = true;  // until the first sync: its state is not a source
   for (int round = 0;; ++round) {
     if (round >= o.max_generations)
       throw error(errc::aborted, "elastic.run", -1,
@@ -124,7 +125,8 @@ void run(store& s, const options& o, state& st, MakeComm make_comm, Train&& trai
       using context_type = context<std::remove_cvref_t<decltype(comm)>>;
       context_type ctx(comm, gen, st, m);
       try {
-        ctx.set_synced_from(st.sync(comm));
+        ctx.set_synced_from(st.sync(comm, !newcomer));
+        newcomer = false;
         on_generation(std::as_const(ctx));
         train(ctx);
         return;

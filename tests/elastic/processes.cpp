@@ -59,8 +59,9 @@ std::uint64_t checksum(const std::vector<float>& w) {
 }
 
 // One process of the job. Exit codes: 0 trained to the end, 3 the job stopped (aborted, and
-// the message says so), 4 left out of a generation, 1 anything else.
-int worker(const scenario& sc, const char* name, fault f, int fault_step) {
+// the message says so), 4 left out of a generation, 1 anything else. With `rejoin`, a process
+// left out joins again (once) as a newcomer.
+int worker(const scenario& sc, const char* name, fault f, int fault_step, bool rejoin = false) {
   cohort::file_store store(sc.dir);
   cohort::elastic::options o;
   o.job = sc.job;
@@ -97,25 +98,33 @@ int worker(const scenario& sc, const char* name, fault f, int fault_step) {
                 static_cast<long long>(st.step()), ctx.synced_from());
     std::fflush(stdout);
   };
-  try {
-    if (sc.tcp) {
-      cohort::tcp_options t;
-      t.interface = "lo";
-      t.connect_timeout = 10s;
-      cohort::elastic::run(store, o, st, cohort::elastic::tcp_generations{&store, t}, train,
-                           on_generation);
-    } else {
-      cohort::elastic::run(store, o, st, cohort::elastic::shm_generations{}, train,
-                           on_generation);
+  for (int attempt = 0;; ++attempt) {
+    try {
+      if (sc.tcp) {
+        cohort::tcp_options t;
+        t.interface = "lo";
+        t.connect_timeout = 10s;
+        cohort::elastic::run(store, o, st, cohort::elastic::tcp_generations{&store, t}, train,
+                             on_generation);
+      } else {
+        cohort::elastic::run(store, o, st, cohort::elastic::shm_generations{}, train,
+                             on_generation);
+      }
+      break;
+    } catch (const cohort::error& e) {
+      std::printf("%s: %s\n", name, e.what());
+      std::fflush(stdout);
+      store.set(std::string("error/") + name, e.what());
+      const std::string what = e.what();
+      if (e.code() == cohort::errc::aborted && what.find("stopped") != std::string::npos) return 3;
+      const bool left_out =
+          e.code() == cohort::errc::aborted && what.find("left out") != std::string::npos;
+      if (left_out && rejoin && attempt == 0) {
+        log += " rejoin";
+        continue;
+      }
+      return left_out ? 4 : 1;
     }
-  } catch (const cohort::error& e) {
-    std::printf("%s: %s\n", name, e.what());
-    std::fflush(stdout);
-    store.set(std::string("error/") + name, e.what());
-    const std::string what = e.what();
-    if (e.code() == cohort::errc::aborted && what.find("stopped") != std::string::npos) return 3;
-    if (e.code() == cohort::errc::aborted && what.find("left out") != std::string::npos) return 4;
-    return 1;
   }
   store.set(std::string("result/") + name, std::to_string(checksum(w)) + " step " +
                                                std::to_string(st.step()) + " id " +
@@ -253,6 +262,47 @@ void stopped_rank_left_out(bool tcp) {
   for (int r = 0; r < 3; ++r)
     CHECK(result(sc, "w" + std::to_string(r)).find("log 0:4 1:3") != std::string::npos);
   CHECK(cohort::faults::shm_names(sc.job).empty());
+}
+
+void stopped_rank_rejoins(bool tcp) {
+  job_dir d;
+  scenario sc = make(tcp, d, tcp ? "rejoin-tcp" : "rejoin-shm");
+  sc.timeout = 1000ms;
+  sc.window = 300ms;
+  sc.until_size = 4;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 4; ++r) {
+    const std::string name = "w" + std::to_string(r);
+    pids.push_back(spawn(r, [&, name](int rr) {
+      return worker(sc, name.c_str(), rr == 3 ? fault::stop : fault::none, 5, true);
+    }));
+  }
+  {
+    cohort::file_store s(sc.dir);
+    s.get("elastic/" + sc.job + "/g1/members", cohort::clock::now() + 30s);
+  }
+  ::kill(pids[3], SIGCONT);
+  const auto status = reap(pids, 60s);
+  for (std::size_t r = 0; r < 4; ++r) CHECK_MESSAGE(status[r] == 0, status_text(status[r]));
+  cohort::file_store s(sc.dir);
+  CHECK(s.try_get("error/w3").value_or("").find("left out of generation 1") != std::string::npos);
+  const std::string want = result(sc, "w0");
+  for (int r = 0; r < 4; ++r) {
+    const std::string got = result(sc, "w" + std::to_string(r));
+    INFO("w" << r << ": " << got);
+    CHECK(got.substr(0, got.find(' ')) == want.substr(0, want.find(' ')));
+  }
+  CHECK(result(sc, "w0").find("log 0:4 1:3 2:4") != std::string::npos);
+  CHECK(result(sc, "w3").find("log 0:4 rejoin 2:4") != std::string::npos);
+  CHECK(cohort::faults::shm_names(sc.job).empty());
+}
+
+TEST_CASE("elastic shm: a stopped rank left out joins again as a newcomer") {
+  stopped_rank_rejoins(false);
+}
+
+TEST_CASE("elastic tcp: a stopped rank left out joins again as a newcomer") {
+  stopped_rank_rejoins(true);
 }
 
 TEST_CASE("elastic shm: a stopped rank resumed after it was left out fails cleanly") {

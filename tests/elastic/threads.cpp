@@ -188,7 +188,7 @@ TEST_CASE("elastic membership: a member that goes on too late is told it was lef
   }
 }
 
-TEST_CASE("elastic state: restore undoes an uncommitted step; sync copies the most advanced") {
+TEST_CASE("elastic state: restore undoes an uncommitted step; sync copies the most advanced source") {
   constexpr int P = 4;
   auto world = std::make_shared<cohort::loopback_world>(P);
   std::vector<std::vector<float>> w(P, std::vector<float>(1000));
@@ -203,24 +203,25 @@ TEST_CASE("elastic state: restore undoes an uncommitted step; sync copies the mo
       auto& mine = w[static_cast<std::size_t>(r)];
       st.add(std::span(mine));
       st.add(std::span(c[static_cast<std::size_t>(r)]));
-      // Ranks 1 and 2 got furthest (step 5), with different bytes; rank 1 must win.
-      const std::int64_t step = (r == 1 || r == 2) ? 5 : 4;
+      // Ranks 1, 2 and 3 got furthest (step 5), with different bytes; rank 1 is a newcomer (its
+      // state is from a history the others left), so rank 2 must win.
+      const std::int64_t step = r >= 1 ? 5 : 4;
       for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<float>(r * 1000 + static_cast<int>(i)) + 0.25f;
       c[static_cast<std::size_t>(r)] = {r, step, 7};
       st.commit(step);
       // An uncommitted step that a failure cut short.
       for (auto& x : mine) x = -1;
-      roots[static_cast<std::size_t>(r)] = st.sync(comm);
+      roots[static_cast<std::size_t>(r)] = st.sync(comm, /*source=*/r != 1);
       steps[static_cast<std::size_t>(r)] = st.step();
     });
   for (auto& t : ts) t.join();
   for (int r = 0; r < P; ++r) {
-    CHECK(roots[static_cast<std::size_t>(r)] == 1);
+    CHECK(roots[static_cast<std::size_t>(r)] == 2);
     CHECK(steps[static_cast<std::size_t>(r)] == 5);
-    CHECK(std::memcmp(w[static_cast<std::size_t>(r)].data(), w[1].data(), w[1].size() * 4) == 0);
-    CHECK(c[static_cast<std::size_t>(r)] == std::vector<std::int64_t>{1, 5, 7});
+    CHECK(std::memcmp(w[static_cast<std::size_t>(r)].data(), w[2].data(), w[2].size() * 4) == 0);
+    CHECK(c[static_cast<std::size_t>(r)] == std::vector<std::int64_t>{2, 5, 7});
   }
-  CHECK(w[0][3] == 1003.25f);
+  CHECK(w[0][3] == 2003.25f);
 }
 
 }  // namespace

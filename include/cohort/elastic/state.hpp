@@ -56,12 +56,21 @@ class state {
 
   /// Collective over `comm`: every rank restores, then takes the state of the lowest rank
   /// with the highest committed step (its buffers and step, bitwise). Returns that rank.
+  /// A rank that passes `source = false` (a newcomer, or a rank that was left out and came
+  /// back: its state belongs to a history the others left) is never chosen, unless no rank
+  /// may be (a job of all-new processes, as after a torchrun restart).
   template <communicator Comm>
-  int sync(Comm& comm) {
+  int sync(Comm& comm, bool source = true) {
     restore();
-    std::vector<std::int64_t> mine{step_}, best(1);
+    std::vector<std::int64_t> mine{source ? step_ : -1}, best(1);
     all_reduce(comm, mine, best, ops::max);
-    std::vector<std::int64_t> owner{step_ == best[0] ? comm.rank() : comm.size()}, first(1);
+    if (best[0] < 0) {
+      source = true;
+      mine[0] = step_;
+      all_reduce(comm, mine, best, ops::max);
+    }
+    std::vector<std::int64_t> owner{source && step_ == best[0] ? comm.rank() : comm.size()},
+        first(1);
     all_reduce(comm, owner, first, ops::min);
     const int root = static_cast<int>(first[0]);
     for (auto& b : buffers_) broadcast(comm, std::span<std::uint8_t>(b.data, b.bytes), root);
