@@ -42,7 +42,9 @@ namespace cohort::ps {
 /// and ssp mode it is dropped and the others go on. A request that does not fit this store
 /// (unknown key, wrong shard size, a step out of order) is answered with an error status and
 /// that worker is no longer served; the shard is not touched. No word from any worker for
-/// `idle_timeout` fails with `errc::timed_out`.
+/// `idle_timeout` fails with `errc::timed_out`. Replies to a worker that died may stay queued
+/// in the transport after `serve` returns: keep the server alive as long as the communicator
+/// is used (destroying both is fine).
 template <communicator Comm>
 class server {
  public:
