@@ -329,9 +329,9 @@ class server {
     while (p.out.size() >= max_queued_replies) {
       std::error_code wec;
       retire_front(p, wec);
-      if (wec) {
-        p.out.pop_front();  // that worker is gone; its lost stream shows at its next request
-      }
+      // That worker is gone (its lost stream shows at its next look): the transport may still
+      // hold the replies' bytes, so they stay queued.
+      if (wec) break;
     }
     outgoing& o = p.out.emplace_back();
     o.h.status = static_cast<std::uint32_t>(status);
