@@ -35,7 +35,9 @@ namespace cohort::ps {
 /// fails the wait with `errc::peer_lost`, naming the server and the shard it held, and fails
 /// the communicator (the job stops: part of every tensor is gone). Not thread-safe; one per
 /// communicator, which it uses alone. Each push and pull allocates its bookkeeping (a few
-/// dozen bytes per server; a compressed push also its encoding), freed once waited for.
+/// dozen bytes per server; a compressed push also its encoding), freed once waited for; the
+/// transport may read them until then, so destroy a worker with requests in flight only with
+/// its communicator (or after a failure, which aborts them).
 template <communicator Comm>
 class worker {
  public:
