@@ -23,6 +23,13 @@
 /// names a process that died or already left its communicator, having gone on first), or until
 /// `join_window` passed; it takes every newcomer that fits under `max_size`. Fewer than
 /// `min_size` members stop the job: everybody reads "stop" and fails with `errc::aborted`.
+///
+/// **Limits.** A decider that dies between its claim and its write leaves the others waiting
+/// for the list: they fail with `errc::timed_out` after `join_timeout` (a second decider could
+/// not know whether the first one's list was read already). Newcomers are not checked for
+/// life: one that died while waiting makes the next generation's communicator fail to form,
+/// and the generation after it goes on without it (after `join_window`). Keys are never
+/// removed: give each job its own name (or store).
 #pragma once
 
 #include <algorithm>
@@ -52,8 +59,9 @@ struct options {
   std::chrono::milliseconds join_timeout{60000};
   /// The deadline of each collective call inside a generation: the failure-detection bound.
   std::chrono::milliseconds timeout{10000};
-  /// Every how many `commit`s the running ranks look for newcomers (a store read at rank 0 and
-  /// a one-integer all_reduce); 0 never looks (newcomers then join at the next failure).
+  /// Every how many `commit`s the running ranks look for newcomers (an `add` of 0 at rank 0,
+  /// which is a round trip to a TCP store or an flock on a file store, and a one-integer
+  /// all_reduce); 0 never looks (newcomers then join at the next failure).
   int check_every = 1;
   /// At most this many generations in one `run` (a bound on a job that keeps failing).
   int max_generations = 1000;
