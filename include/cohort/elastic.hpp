@@ -32,6 +32,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,6 +54,21 @@ struct shm_generations {
     return shm_communicator(std::in_place, g.job_id, g.rank, g.size(), opts);
   }
 };
+
+/// `base` plus "-r<N>" when TORCHELASTIC_RESTART_COUNT is N (torchrun's elastic agent sets it),
+/// else `base`: the name to give `options::job` under a launcher that restarts every process
+/// at once. A restart is then a new job of all-new processes (generation 0 again, its state
+/// from the user's checkpoint), never a newcomer waiting for the previous run's generations,
+/// which nobody is left to decide (when the store outlives the processes: a file store, or
+/// torchrun's own).
+inline std::string restart_scoped_job(std::string base,
+                                      const getenv_function& get = [](const char* n) {
+                                        return static_cast<const char*>(std::getenv(n));
+                                      }) {
+  const char* n = get("TORCHELASTIC_RESTART_COUNT");
+  if (n != nullptr && *n != '\0') base += std::string("-r") + n;
+  return base;
+}
 
 /// What `train` is handed: the generation's communicator, rank and size, and `commit`.
 template <class Comm>

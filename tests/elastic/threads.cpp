@@ -225,3 +225,14 @@ TEST_CASE("elastic state: restore undoes an uncommitted step; sync copies the mo
 }
 
 }  // namespace
+
+TEST_CASE("elastic: a torchrun restart is a job of its own") {
+  auto env = [](const char* count) {
+    return [count](const char* name) -> const char* {
+      return std::string(name) == "TORCHELASTIC_RESTART_COUNT" ? count : nullptr;
+    };
+  };
+  CHECK(cohort::elastic::restart_scoped_job("train", env("2")) == "train-r2");
+  CHECK(cohort::elastic::restart_scoped_job("train", env(nullptr)) == "train");
+  CHECK(cohort::elastic::restart_scoped_job("train", env("")) == "train");
+}
