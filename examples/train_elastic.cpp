@@ -10,8 +10,8 @@
 // and sums the per-rank gradients scaled by each rank's share, so the learning rate needs no
 // change when P does. The state is the parameters and the momentum. Worker 2 SIGKILLs itself
 // at step K: the others go on in generation 1 with 3 ranks. When rank 0 commits step K2 the
-// supervisor starts a replacement: it is taken in at the next commit (generation 2, 4 ranks)
-// and receives the state. At the end every worker holds the same parameters, to the bit, and
+// supervisor starts a replacement, which the others wait for at that step (at most 10 s): it
+// is taken in at the next commit (generation 2, 4 ranks) and receives the state. At the end every worker holds the same parameters, to the bit, and
 // the supervisor prints the test accuracy.
 #include <signal.h>
 #include <sys/wait.h>
@@ -94,7 +94,15 @@ int worker(const settings& s, int name) {
         w[i] -= s.lr * velocity[i];
       }
       ctx.commit(step + 1);
-      if (ctx.rank() == 0 && (step + 1) % 10 == 0) store.set("progress", std::to_string(step + 1));
+      if (ctx.rank() == 0 && ((step + 1) % 10 == 0 || step + 1 == s.join_step))
+        store.set("progress", std::to_string(step + 1));
+      // From join_step on, short of ranks: wait at this step (at most 10 s) for the replacement
+      // rather than finish without it. The count bounds the loop on every rank alike (each
+      // commit is collective); the commit that sees the newcomer ends the generation.
+      for (int i = 0; i < 1000 && step + 1 >= s.join_step && ctx.size() < s.ranks; ++i) {
+        std::this_thread::sleep_for(10ms);
+        ctx.commit(step + 1);
+      }
     }
   };
   auto on_generation = [&](const auto& ctx) {
