@@ -236,3 +236,17 @@ TEST_CASE("elastic: a torchrun restart is a job of its own") {
   CHECK(cohort::elastic::restart_scoped_job("train", env(nullptr)) == "train");
   CHECK(cohort::elastic::restart_scoped_job("train", env("")) == "train");
 }
+
+TEST_CASE("elastic membership: a store key that is not a number is a protocol_error") {
+  temp_dir d;
+  cohort::file_store s(d.path);
+  s.set("elastic/t/latest", "not a number");
+  membership m(s, settings(1, 2));
+  try {
+    m.join();
+    FAIL("joined");
+  } catch (const cohort::error& e) {
+    CHECK(e.code() == cohort::errc::protocol_error);
+    CHECK(std::string(e.what()).find("elastic/t/latest") != std::string::npos);
+  }
+}

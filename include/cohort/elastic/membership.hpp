@@ -33,6 +33,7 @@
 #pragma once
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -102,7 +103,8 @@ class membership {
     const std::int64_t k = s_->add(prefix_ + "pending/n", 1);
     s_->set(prefix_ + "pending/" + std::to_string(k), std::to_string(id_));
     std::uint64_t g = 0;
-    if (auto latest = s_->try_get(prefix_ + "latest")) g = std::stoull(*latest) + 1;
+    if (auto latest = s_->try_get(prefix_ + "latest"))
+      g = static_cast<std::uint64_t>(number("latest", *latest)) + 1;
     for (int tries = 0; tries < 1 << 20; ++tries) {
       if (g == 0 && s_->add(key(0, "claim"), 1) == 1) decide_first();
       auto gen = read_members("elastic.join", g, until);
@@ -153,6 +155,17 @@ class membership {
     return prefix_ + "g" + std::to_string(g) + "/" + k;
   }
 
+  // A non-negative integer the store holds at `k`; anything else is `errc::protocol_error`.
+  std::int64_t number(const std::string& k, const std::string& v) const {
+    std::int64_t x = -1;
+    const auto [end, e] = std::from_chars(v.data(), v.data() + v.size(), x);
+    if (e != std::errc{} || end != v.data() + v.size() || x < 0)
+      throw error(errc::protocol_error, "elastic", -1,
+                  "elastic: " + s_->describe() + " holds \"" + v.substr(0, 40) + "\" at \"" +
+                      prefix_ + k + "\", not a member count or id (another program's key?)");
+    return x;
+  }
+
   static std::vector<std::int64_t> parse_ids(const std::string& s) {
     std::vector<std::int64_t> v;
     std::istringstream in(s);
@@ -170,7 +183,7 @@ class membership {
       std::error_code ec;
       const std::string v = s_->get(prefix_ + "pending/" + std::to_string(k),
                                     std::min(until, clock::now() + std::chrono::seconds(2)), ec);
-      if (!ec) into.push_back(std::stoll(v));
+      if (!ec) into.push_back(number("pending/" + std::to_string(k), v));
     }
     return k - 1;
   }
