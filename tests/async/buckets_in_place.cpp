@@ -22,10 +22,10 @@ struct spin_recording_transport : cohort::loopback_transport {
   void set_spin(std::chrono::nanoseconds d) noexcept { spin = d; }
 };
 
-static_assert(cohort::detail::spin_settable<spin_recording_transport>);
-static_assert(!cohort::detail::spin_settable<cohort::loopback_transport>);
-
 using recording_communicator = cohort::basic_communicator<spin_recording_transport>;
+
+static_assert(cohort::detail::spin_settable<recording_communicator>);
+static_assert(!cohort::detail::spin_settable<cohort::loopback_communicator>);
 
 recording_communicator solo() {
   return recording_communicator(

@@ -24,9 +24,10 @@
 namespace cohort {
 
 namespace detail {
-/// A transport whose waits busy-poll for a settable time before they block (`tcp_transport`).
-template <class T>
-concept spin_settable = requires(T& t, std::chrono::nanoseconds d) { t.set_spin(d); };
+/// A communicator whose transport's waits busy-poll for a settable time before they block
+/// (`tcp_transport`). Communicators of several transports (hierarchical) keep their own.
+template <class C>
+concept spin_settable = requires(C& c, std::chrono::nanoseconds d) { c.transport().set_spin(d); };
 }  // namespace detail
 
 /// How a `progress_thread` drives its communicator.
@@ -47,14 +48,16 @@ struct progress_options {
 /// This is how communication overlaps computation (NCCL's proxy thread, Horovod's background
 /// thread): the caller starts `async_all_reduce` and goes on computing. While a progress
 /// thread exists, start every collective on `comm` through it; the communicator itself is not
-/// thread-safe. The destructor waits for the operations already started.
-template <communicator Comm>
+/// thread-safe. The destructor waits for the operations already started. `Comm` is any
+/// communicator: one transport's (`communicator`), or one made of several
+/// (`hierarchical_communicator`); the operations are what call it.
+template <class Comm>
 class progress_thread {
  public:
   /// Starts the thread; `comm` must outlive this object.
   explicit progress_thread(Comm& comm, const progress_options& opts = {})
       : comm_(comm), work_(boost::asio::make_work_guard(context_)) {
-    if constexpr (detail::spin_settable<typename Comm::transport_type>)
+    if constexpr (detail::spin_settable<Comm>)
       if (opts.spin) comm_.transport().set_spin(*opts.spin);
     thread_ = std::thread([this] { context_.run(); });
   }
