@@ -30,7 +30,10 @@
 #include <cohort/compress/cast.hpp>
 #include <cohort/compress/error_feedback.hpp>
 #include <cohort/compress/quantize.hpp>
+#include <cohort/compress/hierarchical.hpp>
 #include <cohort/compress/top_k.hpp>
+#include <cohort/hierarchical_tcp.hpp>
+#include <cohort/split.hpp>
 #include <cohort/transport/shm.hpp>
 #include <cohort/transport/tcp.hpp>
 
@@ -153,6 +156,11 @@ class engine_impl final : public engine {
   template <class... Args>
   engine_impl(const char* name, std::chrono::milliseconds timeout, Args&&... args)
       : name_(name), comm_(std::in_place, std::forward<Args>(args)...) {
+    comm_.set_timeout(timeout);
+    progress_.emplace(comm_);
+  }
+  engine_impl(const char* name, std::chrono::milliseconds timeout, Comm&& comm)
+      : name_(name), comm_(std::move(comm)) {
     comm_.set_timeout(timeout);
     progress_.emplace(comm_);
   }
@@ -576,11 +584,11 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(
   torch_store s(store);
   const cohort::deadline until = cohort::clock::now() + timeout;
   std::string mode = std::getenv("COHORT_TRANSPORT") ? std::getenv("COHORT_TRANSPORT") : "";
-  TORCH_CHECK(mode.empty() || mode == "shm" || mode == "tcp",
-              "cohort: COHORT_TRANSPORT is \"", mode, "\", not shm or tcp");
-  // Which ranks share this host: each publishes its host name.
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
+  TORCH_CHECK(mode.empty() || mode == "shm" || mode == "tcp" || mode == "hier",
+              "cohort: COHORT_TRANSPORT is \"", mode, "\", not shm, tcp or hier");
+  // Which ranks share this host: each publishes its host id (hostname and boot id, or
+  // COHORT_HOST where it is set).
+  const std::string host = std::to_string(cohort::detail::host_id());
   s.set("cohort/host/" + std::to_string(rank), host);
   std::error_code ec;
   auto missing = cohort::wait_for_ranks(s, "cohort/host/", size, until, ec);
@@ -590,11 +598,31 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(
                             (missing.empty() ? s.last_error()
                                              : cohort::describe_ranks(missing) + " never arrived"));
   int local_rank = 0, local_size = 0;
-  for (int q = 0; q < size; ++q)
-    if (s.get("cohort/host/" + std::to_string(q), until) == host) {
+  std::vector<std::string> hosts(static_cast<std::size_t>(size));
+  for (int q = 0; q < size; ++q) {
+    hosts[static_cast<std::size_t>(q)] = s.get("cohort/host/" + std::to_string(q), until);
+    if (hosts[static_cast<std::size_t>(q)] == host) {
       local_size++;
       if (q < rank) local_rank++;
     }
+  }
+  // The hierarchical communicator keeps torch's ranks where they are host-major (each host's
+  // ranks consecutive, as torchrun and srun number them) with as many ranks on every host.
+  const bool host_major = [&] {
+    if (local_size <= 0 || size % local_size != 0) return false;
+    for (int q = 0; q < size; ++q)
+      if (hosts[static_cast<std::size_t>(q)] !=
+          hosts[static_cast<std::size_t>(q / local_size * local_size)])
+        return false;
+    for (int h = 0; h + 1 < size / local_size; ++h)
+      if (hosts[static_cast<std::size_t>(h * local_size)] ==
+          hosts[static_cast<std::size_t>((h + 1) * local_size)])
+        return false;
+    return true;
+  }();
+  TORCH_CHECK(mode != "hier" || host_major,
+              "cohort: COHORT_TRANSPORT=hier needs the same number of ranks on every host, each "
+              "host's ranks numbered consecutively (as torchrun and srun number them)");
   // One job id per group: shared-memory segment names and TCP handshakes tell jobs apart.
   std::string job;
   if (rank == 0) {
@@ -604,6 +632,8 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(
     job = s.get("cohort/job", until);
   }
   const bool shm = mode == "shm" || (mode.empty() && local_size == size);
+  const bool hier = mode == "hier" || (mode.empty() && local_size > 1 && local_size < size &&
+                                       host_major);
   std::unique_ptr<engine> e;
   if (shm) {
     cohort::shm_options o;
@@ -621,7 +651,21 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(
     info.job_id = job;
     cohort::tcp_options o;
     o.connect_timeout = timeout;
-    e = std::make_unique<engine_impl<cohort::tcp_communicator>>("tcp", timeout, info, s, o);
+    if (hier) {
+      // Shared memory inside each host, one TCP rail per local rank between hosts.
+      cohort::shm_options so;
+      so.connect_timeout = timeout;
+      auto world = cohort::make_tcp_communicator(info, s, o);
+      world.set_timeout(timeout);
+      auto h = cohort::make_hierarchical_communicator(world, s, o, so,
+                                                    {.base = job, .timeout = timeout});
+      TORCH_CHECK(h.rank() == rank, "cohort: the hierarchical communicator numbered rank ", rank,
+                  " as ", h.rank());
+      e = std::make_unique<engine_impl<cohort::hierarchical_tcp_communicator>>("hier", timeout,
+                                                                               std::move(h));
+    } else {
+      e = std::make_unique<engine_impl<cohort::tcp_communicator>>("tcp", timeout, info, s, o);
+    }
   }
   return c10::make_intrusive<process_group>(rank, size, std::move(e));
 }

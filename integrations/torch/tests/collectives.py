@@ -6,6 +6,7 @@ reduction of every rank's input).
 """
 import datetime
 import faulthandler
+import os
 import sys
 import time
 
@@ -13,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 import cohort_torch
+import fake_hosts  # noqa: F401
 
 faulthandler.dump_traceback_later(150, exit=True)  # a hang shows where it is
 R = dist.ReduceOp
@@ -251,6 +253,9 @@ try:
 except RuntimeError as e:
     check("poison" in str(e) or "all_reduce" in str(e), f"poisoned message: {e}")
 
+wanted = os.environ.get("COHORT_TRANSPORT", "")
+check(not wanted or cohort_torch.transport() == wanted,
+      f"transport {cohort_torch.transport()}, COHORT_TRANSPORT={wanted}")
 dist.barrier()
 print(f"rank {rank}: transport {cohort_torch.transport()}, "
       f"{'FAILED ' + str(len(failures)) if failures else 'all passed'}", flush=True)

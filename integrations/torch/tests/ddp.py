@@ -11,6 +11,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import cohort_torch
+import fake_hosts  # noqa: F401
 
 faulthandler.dump_traceback_later(200, exit=True)
 dist.init_process_group("cohort", timeout=datetime.timedelta(seconds=60))
