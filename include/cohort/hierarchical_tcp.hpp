@@ -15,18 +15,28 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
+#include <random>
+#include <span>
+#include <string_view>
+#include <system_error>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <cohort/collectives/all_gather.hpp>
+#include <cohort/collectives/barrier.hpp>
+#include <cohort/collectives/broadcast.hpp>
 #include <cohort/core/communicator.hpp>
 #include <cohort/core/error.hpp>
 #include <cohort/hierarchical.hpp>
 #include <cohort/launch/env.hpp>
 #include <cohort/rendezvous/store.hpp>
+#include <cohort/rendezvous/tcp_store.hpp>
+#include <cohort/rendezvous/tcp_store_server.hpp>
 #include <cohort/split.hpp>
 #include <cohort/split_tcp.hpp>
 #include <cohort/transport/shm.hpp>
@@ -107,6 +117,61 @@ inline hierarchical_tcp_communicator make_hierarchical_communicator(const launch
                                                                     shm_options shm = {}) {
   auto world = make_tcp_communicator(info, s, tcp);
   return make_hierarchical_communicator(world, s, std::move(tcp), shm);
+}
+
+/// From the launcher's numbers alone, as `make_tcp_communicator(info)`:
+///
+/// ```cpp
+/// auto hier = cohort::make_hierarchical_communicator(cohort::launch_info_from_env());
+/// ```
+///
+/// The TCP world meets at the store rank 0 hosts on MASTER_ADDR:MASTER_PORT (gone once the
+/// world connected); the rails then meet at a store rank 0 hosts on a free port of MASTER_ADDR
+/// for the time of the split, whose port and a fresh token every rank receives over the world
+/// (so only the job's ranks can use it, with or without COHORT_TOKEN). Collective; throws as
+/// `make_tcp_communicator` and the overloads above, or `errc::invalid_argument` without
+/// MASTER_ADDR.
+inline hierarchical_tcp_communicator make_hierarchical_communicator(const launch_info& info,
+                                                                    tcp_options tcp = {},
+                                                                    shm_options shm = {}) {
+  auto world = make_tcp_communicator(info, tcp);
+  if (info.master_addr.empty())
+    throw error(errc::invalid_argument, "make_hierarchical_communicator", -1,
+                "make_hierarchical_communicator: the rails meet at a store on MASTER_ADDR, and "
+                "the launcher gave none (or pass a store of the job's)");
+  // Rank 0 says where the rails meet: the port, then the token's four random words.
+  std::array<std::int64_t, 5> meeting{};
+  const auto token_of = [&] {
+    char t[33];
+    std::snprintf(t, sizeof t, "%08x%08x%08x%08x", static_cast<unsigned>(meeting[1]),
+                  static_cast<unsigned>(meeting[2]), static_cast<unsigned>(meeting[3]),
+                  static_cast<unsigned>(meeting[4]));
+    return std::string(t);
+  };
+  std::unique_ptr<tcp_store_server> server;
+  if (world.rank() == 0) {
+    std::random_device rd;
+    for (std::size_t i = 1; i < meeting.size(); ++i) meeting[i] = rd();
+    tcp_store_server_options so;
+    so.token = token_of();
+    so.log = [](std::string_view) {};
+    try {
+      server = std::make_unique<tcp_store_server>(info.master_addr, 0, so);
+    } catch (const error& e) {
+      // MASTER_ADDR is not an address of this host (NAT, a proxy's name): every address.
+      if (e.code() != std::error_code(EADDRNOTAVAIL, std::generic_category())) throw;
+      server = std::make_unique<tcp_store_server>("", 0, so);
+    }
+    meeting[0] = server->port();
+  }
+  broadcast(world, std::span(meeting), 0);
+  const int port = static_cast<int>(meeting[0]);
+  const std::string token = token_of();
+  tcp_store st(info.master_addr, port, {.token = token, .timeout = tcp.connect_timeout});
+  auto hier = make_hierarchical_communicator(world, st, std::move(tcp), shm);
+  st.disconnect();
+  barrier(world);  // every rail has met: rank 0's store may go
+  return hier;
 }
 
 }  // namespace cohort

@@ -47,6 +47,12 @@ void expect(bool ok, const std::string& what) {
 
 constexpr int killed_at_limit = -1000;
 
+/// A port on 127.0.0.1 that nothing listens on now.
+int free_port() {
+  cohort::tcp_store_server probe("127.0.0.1", 0, {.token = token, .log = [](std::string_view) {}});
+  return probe.port();
+}
+
 /// Runs `body(rank)` in `p` forked processes; returns their exit statuses (-N: signal N,
 /// killed_at_limit: still running at `limit`, then killed).
 template <class Body>
@@ -179,6 +185,36 @@ TEST_CASE("hierarchical over processes: interleaved hosts get host-major ranks (
     expect(h.host() == r % 2 && h.local_rank() == r / 2 && h.rank() == (r % 2) * 2 + r / 2,
            "ranks not host-major");
     suite<std::int32_t>(h, cohort::ops::sum, 70);
+    return 0;
+  });
+  for (std::size_t r = 0; r < status.size(); ++r) {
+    INFO("rank ", r, " exited with ", status[r]);
+    CHECK(status[r] == 0);
+  }
+  check_no_segments(job);
+}
+
+TEST_CASE("hierarchical over processes: from the launcher's numbers alone (no store of the "
+          "user's)") {
+  const std::string job = job_name("env");
+  const int port = free_port();
+  const auto status = run_ranks(4, [&](int r) {
+    ::setenv("COHORT_HOST", ("fake-host-" + std::to_string(r / 2)).c_str(), 1);
+    cohort::launch_info info;
+    info.rank = r;
+    info.size = 4;
+    info.local_rank = r % 2;
+    info.local_size = 2;
+    info.master_addr = "127.0.0.1";
+    info.master_port = port;
+    info.job_id = job;
+    cohort::tcp_options tcp;
+    tcp.interface = "lo";
+    tcp.token = token;
+    tcp.connect_timeout = 20s;
+    auto h = cohort::make_hierarchical_communicator(info, tcp);
+    expect(h.rank() == r && h.host() == r / 2 && h.local_rank() == r % 2, "not host-major");
+    suite<float>(h, cohort::ops::sum, 80);
     return 0;
   });
   for (std::size_t r = 0; r < status.size(); ++r) {
