@@ -103,6 +103,7 @@ class context {
   /// Thrown by `commit` to end a generation on every rank at once; not an error.
   struct reconfigure {};
 
+  /// Set by `run` after the sync.
   void set_synced_from(int r) { synced_from_ = r; }
 
  private:
@@ -114,10 +115,13 @@ class context {
   int synced_from_ = -1;
 };
 
-/// Whether `e` is a failure of the generation's communication (so the survivors go on).
+/// Whether `c` is a failure of the generation's communication, so that the survivors go on:
+/// a lost peer, a deadline, an abort, a poisoned communicator, a broken stream. Not
+/// `errc::mismatch` (the ranks called different collectives: a bug that every generation would
+/// repeat; the rank that sees it fails, and the others go on without it).
 inline bool recoverable(const std::error_code& c) {
   return c == errc::peer_lost || c == errc::timed_out || c == errc::aborted ||
-         c == errc::poisoned || c == errc::protocol_error || c == errc::mismatch;
+         c == errc::poisoned || c == errc::protocol_error;
 }
 
 /// Runs `train` over generations until it returns (see the file comment). `make_comm(gen)`
@@ -156,8 +160,9 @@ void run(store& s, const options& o, state& st, MakeComm make_comm, Train&& trai
         m.go_on(gen, lost);
       }
     } catch (const error& e) {
-      // The communicator of this generation could not be built (a member died meanwhile).
-      if (failed) throw;
+      // The communicator of this generation could not be built (a member died meanwhile), or
+      // going on failed at the store.
+      if (failed || e.operation().starts_with("store.")) throw;
       if (!recoverable(e.code())) throw;
       m.go_on(gen, lost);
     }

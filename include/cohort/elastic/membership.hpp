@@ -76,6 +76,7 @@ struct generation {
   std::int64_t taken = 0;  ///< Newcomers taken in, in arrival order, up to this generation.
   /// The communicators' job id for this generation: "<job>-g<number>".
   std::string job_id;
+  /// The number of ranks.
   int size() const { return static_cast<int>(members.size()); }
 };
 
@@ -89,7 +90,9 @@ class membership {
                       " and " + std::to_string(o_.max_size));
   }
 
+  /// The job's settings.
   const options& settings() const { return o_; }
+  /// The store the job meets at.
   store& backing_store() { return *s_; }
   /// This process's member id (0 before `join`).
   std::int64_t id() const { return id_; }
@@ -114,10 +117,10 @@ class membership {
     throw error(errc::timed_out, "elastic.join", -1, "elastic.join: gave up");
   }
 
-  /// Goes on from `cur` to the next generation after a failure (or for newcomers): registers,
-  /// naming the ranks of `cur` known to be gone (`lost`), and returns the next generation.
-  /// Throws `cohort::error` (operation "elastic.next"): `errc::aborted` when this process was
-  /// left out (it came too late) or the job stopped; `errc::timed_out` after `join_timeout`.
+  /// Registers this member of `cur` for the next generation (after a failure, or to take
+  /// newcomers in), naming the ranks of `cur` known to be gone (`lost`: ranks that failed with
+  /// `errc::peer_lost`). Call it before this process leaves `cur`'s communicator, so that a
+  /// peer that sees it leave knows it registered. Store errors throw (operation "store.*").
   void go_on(const generation& cur, const std::vector<int>& lost) {
     const std::uint64_t g = cur.number + 1;
     std::string line = std::to_string(id_);
@@ -128,7 +131,10 @@ class membership {
     s_->set(key(g, "r/" + std::to_string(k)), line);
   }
 
-  /// After `go_on`: decides the next generation if no one else does, and reads it.
+  /// After `go_on`: decides the next generation if this process claims it first, and returns
+  /// it. Throws `cohort::error` (operation "elastic.next"): `errc::aborted` when this process
+  /// was left out (it came too late) or the job stopped (fewer than `min_size`), each with
+  /// its sentence; `errc::timed_out` when no list came within `join_timeout`.
   generation next(const generation& cur) {
     const deadline until = clock::now() + o_.join_timeout;
     const std::uint64_t g = cur.number + 1;
