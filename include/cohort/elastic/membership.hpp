@@ -211,7 +211,7 @@ class membership {
   void decide_first() {
     const auto start = clock::now();
     const deadline until = start + o_.join_timeout;
-    for (;;) {
+    for (int polls = 0; polls < 1'000'000; ++polls) {  // and by time: 5 ms a poll
       const std::int64_t n = s_->add(prefix_ + "pending/n", 0);
       if (n >= o_.max_size || (n >= o_.min_size && clock::now() >= start + o_.join_window) ||
           clock::now() >= until)
@@ -230,8 +230,10 @@ class membership {
     const deadline until = start + o_.join_timeout;
     std::vector<std::int64_t> going, lost;
     std::int64_t seen = 0;
-    for (;;) {
-      const std::int64_t n = s_->add(key(g, "n"), 0);
+    // Only members of `cur` register here: a count beyond them is not read.
+    const std::int64_t most = static_cast<std::int64_t>(cur.members.size()) + 16;
+    for (int polls = 0; polls < 1'000'000; ++polls) {  // and by time: join_window
+      const std::int64_t n = std::min(s_->add(key(g, "n"), 0), most);
       for (; seen < n; ++seen) {
         std::error_code ec;
         const std::string line = s_->get(key(g, "r/" + std::to_string(seen + 1)),
