@@ -18,6 +18,8 @@
 #include <cohort/elastic.hpp>
 #include <cohort/elastic/tcp.hpp>
 #include <cohort/rendezvous/file_store.hpp>
+#include <cohort/rendezvous/tcp_store.hpp>
+#include <cohort/rendezvous/tcp_store_server.hpp>
 
 #include "../faults/process.hpp"
 
@@ -36,7 +38,54 @@ struct scenario {
   int min_size = 2;
   int steps = 30;         // at least this many steps...
   int until_size = 0;     // ...and then on (at most 3000) until the job has this many ranks
-  std::chrono::milliseconds timeout = 10s, window = 1000ms;
+  std::chrono::milliseconds timeout = 10s, window = 1000ms, join_timeout = 30s;
+  int store_port = 0;     // > 0: the job meets at the TCP store there, not at the file store
+};
+
+// Where a process dies in the middle of the agreement on generation 1.
+enum class agreement_death {
+  none,
+  decider,  // right after it won the claim to decide generation 1, before it wrote the list
+  gone_on,  // right after it registered to go on to generation 1, before the list was decided
+};
+
+// A store that forwards to another and dies (SIGKILL) at its agreement_death point.
+class dying_store final : public cohort::store {
+ public:
+  dying_store(cohort::store& inner, agreement_death at) : inner_(inner), at_(at) {}
+  std::string describe() const override { return inner_.describe(); }
+
+ protected:
+  void do_set(std::string_view key, std::string_view value, std::error_code& ec) override {
+    inner_.set(key, value, ec);
+    if (ec) return fail(ec, ec, inner_.last_error());
+    if (at_ == agreement_death::gone_on && key.find("/g1/r/") != std::string_view::npos) die();
+  }
+  std::optional<std::string> do_try_get(std::string_view key, std::error_code& ec) override {
+    auto v = inner_.try_get(key, ec);
+    if (ec) fail(ec, ec, inner_.last_error());
+    return v;
+  }
+  std::int64_t do_add(std::string_view key, std::int64_t n, std::error_code& ec) override {
+    const auto v = inner_.add(key, n, ec);
+    if (ec) fail(ec, ec, inner_.last_error());
+    if (!ec && at_ == agreement_death::decider && key.ends_with("/g1/claim") && v == 1) die();
+    return v;
+  }
+  std::vector<std::string> do_wait(std::span<const std::string> keys, cohort::deadline until,
+                                   std::error_code& ec) override {
+    auto v = inner_.wait(keys, until, ec);
+    if (ec) fail(ec, ec, inner_.last_error());
+    return v;
+  }
+
+ private:
+  static void die() {
+    std::fflush(nullptr);
+    ::raise(SIGKILL);
+  }
+  cohort::store& inner_;
+  agreement_death at_;
 };
 
 constexpr std::size_t model_size = 4096;
@@ -61,15 +110,20 @@ std::uint64_t checksum(const std::vector<float>& w) {
 // One process of the job. Exit codes: 0 trained to the end, 3 the job stopped (aborted, and
 // the message says so), 4 left out of a generation, 1 anything else. With `rejoin`, a process
 // left out joins again (once) as a newcomer.
-int worker(const scenario& sc, const char* name, fault f, int fault_step, bool rejoin = false) {
-  cohort::file_store store(sc.dir);
+int worker(const scenario& sc, const char* name, fault f, int fault_step, bool rejoin = false,
+           agreement_death death = agreement_death::none) {
+  cohort::file_store board(sc.dir);  // results and errors, which outlive the job's store
+  std::optional<cohort::tcp_store> tcp_store;
+  if (sc.store_port > 0)
+    tcp_store.emplace("127.0.0.1", sc.store_port, cohort::tcp_store_options{.token = {}, .timeout = 3s});
+  dying_store store(tcp_store ? static_cast<cohort::store&>(*tcp_store) : board, death);
   cohort::elastic::options o;
   o.job = sc.job;
   o.min_size = sc.min_size;
   o.max_size = 4;
   o.timeout = sc.timeout;
   o.join_window = sc.window;
-  o.join_timeout = 30s;
+  o.join_timeout = sc.join_timeout;
   std::vector<float> w(model_size, 0.0f), g(model_size);
   cohort::elastic::state st;
   st.add(std::span(w));
@@ -113,14 +167,16 @@ int worker(const scenario& sc, const char* name, fault f, int fault_step, bool r
         cohort::elastic::run(store, o, st, cohort::elastic::tcp_generations{&store, t}, train,
                              on_generation);
       } else {
-        cohort::elastic::run(store, o, st, cohort::elastic::shm_generations{}, train,
+        cohort::shm_options so;
+        so.connect_timeout = 10s;
+        cohort::elastic::run(store, o, st, cohort::elastic::shm_generations{so}, train,
                              on_generation);
       }
       break;
     } catch (const cohort::error& e) {
       std::printf("%s: %s\n", name, e.what());
       std::fflush(stdout);
-      store.set(std::string("error/") + name, e.what());
+      board.set(std::string("error/") + name, e.what());
       const std::string what = e.what();
       if (e.code() == cohort::errc::aborted && what.find("stopped") != std::string::npos) return 3;
       const bool left_out =
@@ -132,7 +188,7 @@ int worker(const scenario& sc, const char* name, fault f, int fault_step, bool r
       return left_out ? 4 : 1;
     }
   }
-  store.set(std::string("result/") + name, std::to_string(checksum(w)) + " step " +
+  board.set(std::string("result/") + name, std::to_string(checksum(w)) + " step " +
                                                std::to_string(st.step()) + " id " +
                                                std::to_string(id) + " log" + log);
   return 0;
@@ -313,6 +369,138 @@ TEST_CASE("elastic shm: a stopped rank left out joins again as a newcomer") {
 
 TEST_CASE("elastic tcp: a stopped rank left out joins again as a newcomer") {
   stopped_rank_rejoins(true);
+}
+
+// Rank 3 is killed mid-all_reduce; the survivor that wins the claim to decide generation 1 dies
+// before it writes the list. The list can never come (a second decider could not know whether
+// the first one's was read already): the other two fail with timed_out at join_timeout, saying
+// that generation 1 was not decided, never hang.
+void decider_dies(bool tcp) {
+  job_dir d;
+  scenario sc = make(tcp, d, tcp ? "decider-tcp" : "decider-shm");
+  sc.join_timeout = 3s;
+  const auto start = cohort::faults::steady::now();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 4; ++r) {
+    const std::string name = "w" + std::to_string(r);
+    pids.push_back(spawn(r, [&, name](int rr) {
+      return worker(sc, name.c_str(), rr == 3 ? fault::kill : fault::none, 5, false,
+                    rr == 3 ? agreement_death::none : agreement_death::decider);
+    }));
+  }
+  const auto status = reap(pids, 60s);
+  const auto took = cohort::faults::steady::now() - start;
+  int killed = 0, failed = 0;
+  cohort::file_store s(sc.dir);
+  for (int r = 0; r < 4; ++r) {
+    const std::string name = "w" + std::to_string(r);
+    const std::string error = s.try_get("error/" + name).value_or("(none)");
+    INFO(name << ": " << status_text(status[r]) << ": " << error);
+    if (status[r] == -SIGKILL) {
+      ++killed;
+      continue;
+    }
+    CHECK(status[r] == 1);
+    CHECK(error.find("generation 1") != std::string::npos);
+    CHECK(error.find("was not decided in time") != std::string::npos);
+    ++failed;
+  }
+  CHECK(killed == 2);  // rank 3, and the decider
+  CHECK(failed == 2);
+  CHECK(took < 30s);   // join_timeout (3 s) after the failure, not a hang
+  CHECK(cohort::faults::shm_names(sc.job).empty());
+}
+
+TEST_CASE("elastic shm: the decider of the next generation dies before it decides") {
+  decider_dies(false);
+}
+
+TEST_CASE("elastic tcp: the decider of the next generation dies before it decides") {
+  decider_dies(true);
+}
+
+// Rank 3 is killed mid-all_reduce; rank 1 dies right after it registered to go on, so the
+// decider counts it in generation 1, whose communicator cannot form. The survivors go on to
+// generation 2 without it and finish with the same model.
+void member_dies_while_going_on(bool tcp) {
+  job_dir d;
+  scenario sc = make(tcp, d, tcp ? "goneon-tcp" : "goneon-shm");
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 4; ++r) {
+    const std::string name = "w" + std::to_string(r);
+    pids.push_back(spawn(r, [&, name](int rr) {
+      return worker(sc, name.c_str(), rr == 3 ? fault::kill : fault::none, 5, false,
+                    rr == 1 ? agreement_death::gone_on : agreement_death::none);
+    }));
+  }
+  const auto status = reap(pids, 90s);
+  CHECK(status[1] == -SIGKILL);
+  CHECK(status[3] == -SIGKILL);
+  CHECK_MESSAGE(status[0] == 0, status_text(status[0]), ": ", result(sc, "w0"));
+  CHECK_MESSAGE(status[2] == 0, status_text(status[2]), ": ", result(sc, "w2"));
+  const std::string a = result(sc, "w0"), b = result(sc, "w2");
+  INFO("w0: " << a << "; w2: " << b);
+  CHECK(a.substr(0, a.find(' ')) == b.substr(0, b.find(' ')));  // the same model to the bit
+  CHECK(a.ends_with(":2"));  // the last generation: the two survivors
+  CHECK(a.find("log 0:4 ") != std::string::npos);
+  CHECK(cohort::faults::shm_names(sc.job).empty());
+}
+
+TEST_CASE("elastic shm: a member dies after it registered to go on") {
+  member_dies_while_going_on(false);
+}
+
+TEST_CASE("elastic tcp: a member dies after it registered to go on") {
+  member_dies_while_going_on(true);
+}
+
+// The job meets at a TCP store in a process of its own, which dies while the job trains. The
+// store is the job's single point of failure: every rank ends with an error that names the
+// store within its timeout (3 s), never a hang. (A store that outlives any host, such as Redis
+// or a file store on a shared file system, is the answer; README, "Elastic jobs".)
+void store_host_dies(bool tcp) {
+  job_dir d;
+  scenario sc = make(tcp, d, tcp ? "store-tcp" : "store-shm");
+  sc.steps = 3000;
+  sc.until_size = 0;
+  sc.store_port = cohort::faults::free_port();
+  const pid_t server = spawn(9, [&](int) -> int {
+    cohort::tcp_store_server srv("127.0.0.1", sc.store_port, {.token = {}, .log = [](std::string_view) {}});
+    for (;;) ::pause();
+  });
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 4; ++r) {
+    const std::string name = "w" + std::to_string(r);
+    pids.push_back(spawn(r, [&, name](int) { return worker(sc, name.c_str(), fault::none, 0); }));
+  }
+  {  // generation 0 formed: the job trains
+    cohort::tcp_store probe("127.0.0.1", sc.store_port, {.token = {}, .timeout = 30s});
+    probe.get("elastic/" + sc.job + "/g0/members", cohort::clock::now() + 30s);
+  }
+  std::this_thread::sleep_for(200ms);
+  const auto start = cohort::faults::steady::now();
+  ::kill(server, SIGKILL);
+  ::waitpid(server, nullptr, 0);
+  const auto status = reap(pids, 60s);
+  const auto took = cohort::faults::steady::now() - start;
+  cohort::file_store s(sc.dir);
+  for (int r = 0; r < 4; ++r) {
+    const std::string name = "w" + std::to_string(r);
+    const std::string error = s.try_get("error/" + name).value_or("(none)");
+    INFO(name << ": " << status_text(status[r]) << ": " << error);
+    CHECK(status[r] == 1);
+    CHECK(error.find("store") != std::string::npos);
+  }
+  CHECK(took < 40s);
+  CHECK(cohort::faults::shm_names(sc.job).empty());
+}
+
+TEST_CASE("elastic shm: the process hosting the TCP store dies: every rank fails naming it") {
+  store_host_dies(false);
+}
+
+TEST_CASE("elastic tcp: the process hosting the TCP store dies: every rank fails naming it") {
+  store_host_dies(true);
 }
 
 TEST_CASE("elastic shm: a stopped rank resumed after it was left out fails cleanly") {
