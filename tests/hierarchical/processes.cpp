@@ -7,6 +7,7 @@
 // (prefixed "[rank r]") and exits non-zero.
 #include "../support.hpp"
 
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -47,11 +48,46 @@ void expect(bool ok, const std::string& what) {
 
 constexpr int killed_at_limit = -1000;
 
-/// A port on 127.0.0.1 that nothing listens on now.
+/// A port on 127.0.0.1 that nothing listens on now (the probe's thread has ended on return).
 int free_port() {
   cohort::tcp_store_server probe("127.0.0.1", 0, {.token = token, .log = [](std::string_view) {}});
   return probe.port();
 }
+
+/// A tcp_store_server in a process of its own, killed at the end of the scope. The ranks are
+/// forked from a process with no other thread: a child forked while a server thread held a lock
+/// (the allocator's, under ASan) would wait on it forever.
+struct store_process {
+  pid_t pid = -1;
+  int port = 0;
+  store_process() {
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
+    std::fflush(nullptr);
+    pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::close(fds[0]);
+      cohort::tcp_store_server server("127.0.0.1", 0,
+                                      {.token = token, .log = [](std::string_view) {}});
+      const int p = server.port();
+      [[maybe_unused]] const auto w = ::write(fds[1], &p, sizeof p);
+      ::close(fds[1]);
+      for (;;) ::pause();  // until killed
+    }
+    ::close(fds[1]);
+    pollfd pfd{fds[0], POLLIN, 0};
+    const bool ready = ::poll(&pfd, 1, 10'000) == 1 && ::read(fds[0], &port, sizeof port) == sizeof port;
+    ::close(fds[0]);
+    REQUIRE(ready);
+  }
+  store_process(const store_process&) = delete;
+  store_process& operator=(const store_process&) = delete;
+  ~store_process() {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+};
 
 /// Runs `body(rank)` in `p` forked processes; returns their exit statuses (-N: signal N,
 /// killed_at_limit: still running at `limit`, then killed).
@@ -142,8 +178,8 @@ void suite(cohort::hierarchical_tcp_communicator& h, const Op& op, std::uint64_t
 
 TEST_CASE("hierarchical over processes: 2 fake hosts x 2 ranks, shm hosts, TCP rails") {
   const std::string job = job_name("suite");
-  cohort::tcp_store_server server("127.0.0.1", 0, {.token = token, .log = [](std::string_view) {}});
-  const int port = server.port();
+  store_process store;
+  const int port = store.port;
   const auto status = run_ranks(4, [&](int r) {
     auto h = join(r, r / 2, port, job);
     expect(h.rank() == r && h.size() == 4 && h.host() == r / 2 && h.local_rank() == r % 2,
@@ -168,8 +204,8 @@ TEST_CASE("hierarchical over processes: 2 fake hosts x 2 ranks, shm hosts, TCP r
 
 TEST_CASE("hierarchical over processes: interleaved hosts get host-major ranks (from launch_info)") {
   const std::string job = job_name("interleaved");
-  cohort::tcp_store_server server("127.0.0.1", 0, {.token = token, .log = [](std::string_view) {}});
-  const int port = server.port();
+  store_process store;
+  const int port = store.port;
   const auto status = run_ranks(4, [&](int r) {
     // World ranks 0, 2 on host 0; 1, 3 on host 1; through the launch_info overload.
     ::setenv("COHORT_HOST", ("fake-host-" + std::to_string(r % 2)).c_str(), 1);
@@ -227,9 +263,8 @@ TEST_CASE("hierarchical over processes: from the launcher's numbers alone (no st
 TEST_CASE("hierarchical over processes: a killed rank fails every survivor in time") {
   for (int victim : {3, 0}) {
     const std::string job = job_name("kill");
-    cohort::tcp_store_server server("127.0.0.1", 0,
-                                    {.token = token, .log = [](std::string_view) {}});
-    const int port = server.port();
+    store_process store;
+    const int port = store.port;
     INFO("victim ", victim);
     const auto start = steady::now();
     const auto status = run_ranks(4, [&](int r) {
@@ -263,8 +298,8 @@ TEST_CASE("hierarchical over processes: a killed rank fails every survivor in ti
 
 TEST_CASE("hierarchical over processes: hosts of 2 and 1 ranks are invalid_argument everywhere") {
   const std::string job = job_name("uneven");
-  cohort::tcp_store_server server("127.0.0.1", 0, {.token = token, .log = [](std::string_view) {}});
-  const int port = server.port();
+  store_process store;
+  const int port = store.port;
   const auto status = run_ranks(3, [&](int r) {
     ::setenv("COHORT_HOST", r < 2 ? "fake-host-a" : "fake-host-b", 1);
     cohort::tcp_store st("127.0.0.1", port, {.token = token});
