@@ -21,9 +21,9 @@
 #include <memory>
 #include <random>
 #include <span>
+#include <string>
 #include <string_view>
 #include <system_error>
-#include <string>
 #include <utility>
 #include <vector>
 
