@@ -390,6 +390,66 @@ TEST_CASE("ranks that disagree about the call: mismatch on every rank, named") {
   }));
 }
 
+TEST_CASE("small rooted calls back to back: roots run ahead, every result right") {
+  // The root of a small broadcast and the first rank of a small reduce only send: they return
+  // without waiting for their left neighbour, whose header a later call compares. Many such
+  // calls in a row, with the roots moving, must still give every rank the right bytes.
+  const std::string job = job_name("ahead");
+  for (int p : {2, 3, 4}) {
+    check_all_passed(run_ranks(p, [&](int r) {
+      cohort::shm_communicator comm(std::in_place, job + std::to_string(p), r, p);
+      for (int i = 0; i < 300; ++i) {
+        const int root = (i / 7) % p;
+        const std::size_t n = static_cast<std::size_t>(1 + i % 5) * 100;  // up to 2000 B
+        std::vector<int> x(n, r == root ? i : -1);
+        cohort::broadcast(comm, x, root, {.timeout = 10s});
+        for (int v : x) expect(v == i, "broadcast " + std::to_string(i) + " gave " + std::to_string(v));
+        std::vector<int> y(n, r + i), sum(n, -1);
+        cohort::reduce(comm, y, sum, cohort::ops::sum, root, {.timeout = 10s});
+        if (r == root)
+          for (int v : sum)
+            expect(v == p * i + p * (p - 1) / 2, "reduce " + std::to_string(i) + " gave " + std::to_string(v));
+      }
+      return 0;
+    }));
+  }
+}
+
+TEST_CASE("roots that disagree about small calls: mismatch at the call or the next, named") {
+  const std::string job = job_name("roots");
+  // Rank 2 names itself the root, the others rank 0: ranks that only send may finish the
+  // call; their next call must fail naming both sides.
+  check_all_passed(run_ranks(3, [&](int r) {
+    cohort::shm_communicator comm(std::in_place, job + "a", r, 3);
+    std::vector<int> x(10, r);
+    std::error_code ec;
+    cohort::broadcast(comm, x, r == 2 ? 2 : 0, {.timeout = 10s}, ec);
+    if (!ec) cohort::barrier(comm, {.timeout = 10s}, ec);
+    expect(ec == errc::mismatch, "expected mismatch, got " + ec.message());
+    const std::string& what = comm.last_failure()->what;
+    expect(what.find("broadcast #0 with 10 i32 from root 0") != std::string::npos &&
+               what.find("broadcast #0 with 10 i32 from root 2") != std::string::npos,
+           "message names both calls: " + what);
+    return 0;
+  }));
+  // Two ranks that each think they are the root, call after call: neither receives, so
+  // neither waits; the calls they may run ahead are bounded, and the disagreement is found
+  // within them, never at the deadline.
+  check_all_passed(run_ranks(2, [&](int r) {
+    cohort::shm_communicator comm(std::in_place, job + "b", r, 2);
+    std::vector<float> x(256, 1.0f);
+    std::error_code ec;
+    const auto t0 = steady::now();
+    for (int i = 0; i < 100 && !ec; ++i) cohort::broadcast(comm, x, r, {.timeout = 10s}, ec);
+    expect(ec == errc::mismatch, "expected mismatch, got " + ec.message());
+    expect(steady::now() - t0 < 5s, "the mismatch took until the deadline");
+    expect(comm.last_failure()->what.find("from root 1") != std::string::npos &&
+               comm.last_failure()->what.find("from root 0") != std::string::npos,
+           "message names both calls: " + comm.last_failure()->what);
+    return 0;
+  }));
+}
+
 TEST_CASE("abort reaches every peer with its code, rank and text") {
   const std::string job = job_name("abort");
   check_all_passed(run_ranks(3, [&](int r) {

@@ -19,6 +19,25 @@
 #include <cohort/core/options.hpp>
 
 namespace cohort {
+namespace detail {
+
+/// Call headers whose comparison with the left neighbour's a call left to later calls (see
+/// collectives/detail/call.hpp, which gives the bytes their meaning): a rank whose part of a
+/// small call only sends returns without waiting for its neighbour to enter the call. Each
+/// entry holds this rank's header, the neighbour's as it lands, and the receive bringing it.
+template <class Request>
+struct unchecked_headers {
+  static constexpr std::size_t capacity = 4, header_bytes = 32;
+  struct entry {
+    alignas(8) std::byte mine[header_bytes];
+    alignas(8) std::byte theirs[header_bytes];
+    Request recv{};
+  };
+  entry entries[capacity];
+  std::size_t first = 0, count = 0;  // the oldest entry, and how many are pending
+};
+
+}  // namespace detail
 
 /// What the collectives need from a communicator (modelled by `basic_communicator`).
 template <class C>
@@ -106,6 +125,13 @@ class basic_communicator {
   /// The sequence number of the next collective call; both ranks of a matched call agree.
   std::uint64_t next_sequence() { return sequence_++; }
 
+  /// The call headers still to compare with the left neighbour's (the collectives' business).
+  /// Receives into them may be pending in the transport, so they are declared before it and
+  /// outlive it.
+  detail::unchecked_headers<typename Transport::request>& unchecked_headers() {
+    return unchecked_;
+  }
+
   /// At least `bytes` bytes of 64-byte-aligned scratch memory, reused across calls (grows,
   /// never shrinks). Invalidated by the next call to `scratch`.
   std::span<std::byte> scratch(std::size_t bytes) {
@@ -121,6 +147,7 @@ class basic_communicator {
     void operator()(std::byte* p) const noexcept { ::operator delete(p, std::align_val_t{64}); }
   };
 
+  detail::unchecked_headers<typename Transport::request> unchecked_;
   Transport transport_;
   std::uint64_t sequence_ = 0;
   std::chrono::milliseconds timeout_ = default_timeout;

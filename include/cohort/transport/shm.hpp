@@ -141,6 +141,10 @@ class shm_transport {
   /// taken what it sent. Sends not yet in the ring are dropped (wait for them first).
   ~shm_transport() = default;
 
+  /// Sends complete once in the ring, without the receiver (as long as it takes what came
+  /// before): a rank whose part of a small call only sends need not wait for its peers.
+  static constexpr bool eager_sends = true;
+
   /// This rank, in [0, size()).
   int rank() const { return engine_->rank(); }
   /// The number of ranks.

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include <cohort/collectives/detail/tuning.hpp>
 #include <cohort/core/communicator.hpp>
 #include <cohort/core/dtype.hpp>
 #include <cohort/core/error.hpp>
@@ -49,10 +50,23 @@ struct call_header {
   std::int32_t root = -1;       // -1 for none
 };
 static_assert(sizeof(call_header) == 32);
+static_assert(unchecked_headers<int>::header_bytes == sizeof(call_header));
 
 inline bool operator==(const call_header& a, const call_header& b) noexcept {
   return std::memcmp(&a, &b, sizeof a) == 0;
 }
+
+/// A transport whose sends complete into buffers of its own, without the receiver (as long as
+/// the receiver takes what came before): it says so with `static constexpr bool eager_sends`.
+template <class T>
+concept eager_send_transport = requires { requires T::eager_sends; };
+
+/// A communicator that keeps call headers for later calls to compare, over such a transport:
+/// there a rank whose part of a small call only sends returns without waiting for its left
+/// neighbour's header, which the next call that waits compares first.
+template <class C>
+concept deferring_communicator = eager_send_transport<typename C::transport_type> &&
+    requires(C& c) { c.unchecked_headers(); };
 
 /// "all_gather #17 with 4096 f32", "reduce #3 with 10 i32 sum to root 2".
 inline std::string describe(const call_header& h) {
@@ -102,6 +116,16 @@ class call {
   void describe_op() { header_.op_tag = reduction_tag<Op>(); }
   void describe_root(int root) { header_.root = root; }
 
+  /// Says, before `start()`, that this rank's part of the call only sends, `bytes` in all.
+  /// Where the communicator can defer (`deferring_communicator`) and the bytes are few
+  /// (`tuning::unchecked_send_bytes`), the left neighbour's header is then compared by a later
+  /// call, so that the call costs this rank no wait for its neighbour: a disagreement is still
+  /// seen in the call by the ranks that receive, and by this rank at its next call that waits
+  /// (or once `capacity` calls are pending), which fails naming both calls.
+  void only_sends(std::size_t bytes) {
+    if constexpr (deferring_communicator<Comm>) defer_ = bytes <= tuning::unchecked_send_bytes;
+  }
+
   /// Rejects bad arguments before anything is sent; does not poison.
   bool invalid(std::string what) {
     result_ = {make_error_code(errc::invalid_argument), -1, prefix() + std::move(what)};
@@ -121,19 +145,32 @@ class call {
     }
     if (size_ == 1) return true;
     header_send_ = transport().send(right(), std::as_bytes(std::span(&header_, 1)));
+    if constexpr (deferring_communicator<Comm>) {
+      if (defer_) {
+        auto& u = comm_.unchecked_headers();
+        if (u.count == u.capacity && !check_oldest()) return false;
+        auto& e = u.entries[(u.first + u.count) % u.capacity];
+        std::memcpy(e.mine, &header_, sizeof header_);
+        e.recv = transport().recv(left(), std::span(e.theirs));
+        ++u.count;
+        checked_ = true;
+        return true;
+      }
+    }
     header_recv_ = transport().recv(left(), std::as_writable_bytes(std::span(&theirs_, 1)));
     return true;
   }
 
-  /// Waits for the left neighbour's header and fails with `errc::mismatch` unless it agrees.
+  /// Waits for the left neighbour's header and fails with `errc::mismatch` unless it agrees;
+  /// compares first the headers earlier calls left unchecked.
   bool check_header() {
     if (size_ == 1 || checked_) return true;
     checked_ = true;
-    if (!wait(header_recv_, left())) return false;
-    if (theirs_ == header_) return true;
-    return fail(errc::mismatch, left(),
-                "rank " + std::to_string(left()) + " called " + describe(theirs_) + ", rank " +
-                    std::to_string(rank_) + " called " + describe(header_));
+    if constexpr (deferring_communicator<Comm>)
+      while (comm_.unchecked_headers().count > 0)
+        if (!check_oldest()) return false;
+    if (!wait_for(header_recv_, left())) return false;
+    return compare(theirs_, header_);
   }
 
   /// Completes the call: the header send must have been taken too.
@@ -146,11 +183,8 @@ class call {
   /// The first wait of a call checks the header first: two ranks that disagree may both be
   /// waiting on sends the other never receives, and only the header tells them why.
   bool wait(request& r, int peer) {
-    if (!checked_ && &r != &header_recv_ && !check_header()) return false;
-    std::error_code ec;
-    transport().wait(r, until_, ec);
-    if (!ec) return true;
-    return fail_transport(ec, peer);
+    if (!checked_ && !check_header()) return false;
+    return wait_for(r, peer);
   }
 
   /// Fails with what the transport reported about an operation with `peer`.
@@ -175,6 +209,34 @@ class call {
   }
 
  private:
+  // Waits for `r`, without the header check.
+  bool wait_for(request& r, int peer) {
+    std::error_code ec;
+    transport().wait(r, until_, ec);
+    if (!ec) return true;
+    return fail_transport(ec, peer);
+  }
+
+  bool compare(const call_header& theirs, const call_header& mine) {
+    if (theirs == mine) return true;
+    return fail(errc::mismatch, left(),
+                "rank " + std::to_string(left()) + " called " + describe(theirs) + ", rank " +
+                    std::to_string(rank_) + " called " + describe(mine));
+  }
+
+  // Waits for the oldest header an earlier call left unchecked and compares it.
+  bool check_oldest() {
+    auto& u = comm_.unchecked_headers();
+    auto& e = u.entries[u.first];
+    if (!wait_for(e.recv, left())) return false;
+    u.first = (u.first + 1) % u.capacity;
+    --u.count;
+    call_header theirs, mine;
+    std::memcpy(&theirs, e.theirs, sizeof theirs);
+    std::memcpy(&mine, e.mine, sizeof mine);
+    return compare(theirs, mine);
+  }
+
   std::string prefix() const {
     return std::string(collective_name(kind_)) + " #" + std::to_string(sequence_) + ": ";
   }
@@ -188,6 +250,7 @@ class call {
   call_header header_{}, theirs_{};
   request header_send_{}, header_recv_{};
   bool checked_ = false;
+  bool defer_ = false;  // see only_sends()
   failure result_{};
 };
 
