@@ -4,8 +4,9 @@
 usage: consume.py ROUTE --source DIR --build DIR --version X.Y.Z -- CXX [ARGS...]
 
 Routes (README.md, "Install", gives the same commands to users):
-  cmake                `meson install --destdir` this build, then find_package(cohort CONFIG)
-  pkg-config           `meson install --destdir` this build, then g++ $(pkg-config --cflags --libs)
+  cmake                `meson install --tags devel --destdir` this build (the C++ developer's
+                       part), then find_package(cohort CONFIG)
+  pkg-config           the same install, then g++ $(pkg-config --cflags --libs)
   meson-subproject     a Meson project whose subprojects/cohort is this source tree
   conan-cmakedeps      `conan create` (and test_package), then a CMake consumer: CMakeDeps and
                        CMakeToolchain
@@ -97,7 +98,10 @@ def install(args, tmp):
     ends in suffix."""
     meson = tool("meson")
     destdir = tmp / "destdir"
-    run([meson, "install", "-C", args.build, "--no-rebuild", "--quiet", "--destdir", destdir])
+    # The C++ developer's part (headers, cohort.pc, the CMake package, the CUDA library): what a
+    # consumer builds against, and all that is built before these tests run.
+    run([meson, "install", "-C", args.build, "--no-rebuild", "--quiet", "--tags", "devel",
+         "--destdir", destdir])
     installed = json.loads(run([meson, "introspect", "--installed", args.build]))
     options = json.loads(run([meson, "introspect", "--buildoptions", args.build]))
     prefix = next(o["value"] for o in options if o["name"] == "prefix")
