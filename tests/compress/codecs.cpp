@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -289,6 +290,49 @@ TEST_CASE("top-k sampled: the m <= k largest, usually exactly k, same on both pa
   for (std::uint64_t salt = 0; salt < 20; ++salt)
     exact += ct::encode(codec, x, salt).size() == k * 8;
   CHECK(exact >= 15);
+}
+
+TEST_CASE("top-k collecting pass: the same candidates on both paths, however much room is left") {
+  const std::size_t n = 10007;  // not a multiple of the vector loop's 32
+  const auto x = ct::gradient(61, n);
+  std::vector<std::uint32_t> keys(n);
+  for (std::size_t i = 0; i < n; ++i) keys[i] = cc::detail::magnitude_key(x[i]);
+  std::nth_element(keys.begin(), keys.begin() + 500, keys.end(), std::greater<>());
+  const std::uint32_t t = keys[500];  // 501 pass
+  struct found {
+    std::size_t m;
+    std::vector<std::uint32_t> idx;
+    std::vector<float> vals, r;
+  };
+  // Plain, then corrected from a residual (fresh: none yet), on each path.
+  auto collect = [&](int isa, std::size_t cap, int input) {
+    found f{0, std::vector<std::uint32_t>(cap + 1), std::vector<float>(cap + 1), {}};
+    ct::with_isa(isa, [&] {
+      if (input == 0) {
+        f.m = cc::detail::collect_at_least(x.data(), n, t, f.idx.data(), f.vals.data(), cap);
+      } else {
+        const auto g = ct::gradient(62, n);
+        f.r.assign(x.begin(), x.end());
+        for (std::size_t i = 0; i < n; ++i) f.r[i] = x[i] - g[i];
+        cc::detail::corrected_input in{g.data(), f.r.data(), input == 2};
+        f.m = in.collect(n, t, f.idx.data(), f.vals.data(), cap);
+      }
+    });
+    f.idx.resize(std::min(f.m, cap));
+    f.vals.resize(std::min(f.m, cap));
+    return f;
+  };
+  for (int input : {0, 1, 2}) {
+    for (std::size_t cap : {0, 1, 7, 8, 9, 100, 490, 494, 495, 496, 497, 500, 501, 502, 1000}) {
+      INFO("input ", input, " cap ", cap);
+      const found a = collect(0, cap, input), b = collect(-1, cap, input);
+      CHECK(a.m == b.m);
+      CHECK(a.idx == b.idx);
+      CHECK(ct::same_bits(a.vals, b.vals));
+      CHECK(ct::same_bits(a.r, b.r));
+      if (input == 0) CHECK(a.m == 501);
+    }
+  }
 }
 
 TEST_CASE("top-k sampled falls back to exact selection on flat data") {

@@ -2,7 +2,9 @@
 // whose error is representable; within half an ulp for stochastic int8.
 #include "../support.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -39,6 +41,48 @@ void check_invariant(const Inner& inner, std::size_t n, int steps, bool exact) {
                                      0.5 * std::abs(std::nextafter(rhs, INFINITY) - rhs));
       }
     }
+  }
+}
+
+// The reference of one encode with error feedback: correct (c = g on the first call, bit for
+// bit), encode c, decode-subtract the encoding from c.
+template <class Inner>
+std::vector<std::byte> reference_step(const Inner& inner, std::vector<float>& r,
+                                      std::span<const float> g, std::uint64_t salt) {
+  std::vector<float> c(g.begin(), g.end());
+  if (!r.empty())
+    for (std::size_t i = 0; i < c.size(); ++i) c[i] = g[i] + r[i];
+  auto bytes = ct::encode(inner, c, salt);
+  r = c;
+  inner.decode(bytes, r, cc::decode_mode::subtract);
+  return bytes;
+}
+
+// Gradients with signed zeros and a tiny block, so that the first call's c = g (not g + 0)
+// shows in the residual's bits.
+std::vector<float> awkward_gradient(std::uint64_t seed, std::size_t n) {
+  auto g = ct::gradient(seed, n);
+  for (std::size_t i = 0; i < n; i += 7) g[i] = -0.0f;
+  for (std::size_t i = 0; i < std::min<std::size_t>(n, 64); ++i) g[i] = i % 2 ? -0.0f : 1e-30f;
+  return g;
+}
+
+template <class Inner>
+void check_one_pass(const Inner& inner, std::size_t n, int steps) {
+  for (int cap : {0, -1}) {
+    ct::with_isa(cap, [&] {
+      cc::error_feedback ef{inner};
+      std::vector<float> r;
+      for (int step = 0; step < steps; ++step) {
+        const auto g = awkward_gradient(77 + step, n);
+        const auto salt = static_cast<std::uint64_t>(step) + 5;
+        const auto want = reference_step(inner, r, g, salt);
+        const auto got = ct::encode(ef, g, salt);
+        INFO(ef.name(), " isa cap ", cap, " step ", step);
+        REQUIRE(got == want);
+        REQUIRE(ct::same_bits(ef.residual(), r));
+      }
+    });
   }
 }
 
@@ -95,4 +139,40 @@ TEST_CASE("error feedback: one residual per tensor") {
   CHECK(copy.residual().size() == 100);
   ct::encode(ef, ct::gradient(1, 99));
   CHECK(ef.residual().size() == 99);
+}
+
+TEST_CASE("error feedback in one pass: the bytes and residual of correct, encode, absorb") {
+  const std::size_t n = 3001;
+  check_one_pass(cc::fp16, n, 3);
+  check_one_pass(cc::int8, n, 3);
+  check_one_pass(cc::int8_codec<64>{}, n, 3);
+  check_one_pass(cc::int8_codec<>{.stochastic = true, .seed = 12345}, n, 3);
+  check_one_pass(cc::top_k(0.01, cc::selection::exact), n, 3);
+  check_one_pass(cc::top_k(0.05) | cc::bf16, n, 3);
+  check_one_pass(cc::top_k(0.01), 100000, 3);  // sampled: corrected in the collecting pass
+  check_one_pass(cc::top_k(0.3), 100000, 2);   // too many candidates: exact on the residual
+}
+
+TEST_CASE("int8 in pieces: first_block gives the bytes and residual of the whole") {
+  const std::size_t n = 3001, split = 5 * 256;
+  for (const auto& q : {cc::int8_codec<>{}, cc::int8_codec<>{.stochastic = true, .seed = 9}}) {
+    const auto g = awkward_gradient(3, n);
+    std::vector<float> r;
+    const auto want = reference_step(q, r, g, 41);
+    REQUIRE(ct::encode(q, g, 41) == want);
+    std::vector<std::uint32_t> out(q.encoded_bytes(n) / 4 + 1);
+    const auto bytes = std::as_writable_bytes(std::span(out));
+    const std::span<const float> gs(g);
+    const std::size_t at = q.encoded_bytes(split);
+    q.encode(gs.first(split), bytes.first(at), {}, 41, 0);
+    q.encode(gs.subspan(split), bytes.subspan(at), {}, 41, split / 256);
+    CHECK(std::memcmp(bytes.data(), want.data(), want.size()) == 0);
+    cc::error_feedback ef{q};
+    ef.begin(n);
+    ef.encode_part(q, gs.subspan(split), split, bytes.subspan(at), {}, 41, split / 256);
+    ef.encode_part(q, gs.first(split), 0, bytes.first(at), {}, 41, 0);
+    ef.end();
+    CHECK(std::memcmp(bytes.data(), want.data(), want.size()) == 0);
+    CHECK(ct::same_bits(ef.residual(), r));
+  }
 }

@@ -87,8 +87,12 @@ failure compressed_all_reduce(Comm& comm, std::span<float> data, Codec& codec, c
     if constexpr (cd::is_error_feedback<C>) return codec;
     else return no_feedback;
   }();
-  // The contribution: `data` itself, or the residual corrected by it (error feedback).
-  const std::span<const float> contribution = feedback.correct(data);
+  // The contribution: `data` itself, or the residual corrected by it (error feedback). The
+  // summable aggregation reads it corrected; the others correct as they encode (`begin`): the
+  // gradient and the residual are read once, in the pass that encodes or selects.
+  std::span<const float> contribution = data;
+  if constexpr (kind == compress::aggregation::summable) contribution = feedback.correct(data);
+  else feedback.begin(n);
   const int p = c.size();
   const std::uint64_t salt = compression_salt(c.rank());
   bool ok = false;
@@ -104,6 +108,7 @@ failure compressed_all_reduce(Comm& comm, std::span<float> data, Codec& codec, c
     auto scratch = comm.scratch(cd::gather_scratch(*wire, n, p));
     ok = cd::gather_all_reduce(c, contribution, data, *wire, op, feedback, scratch, salt, rep);
   }
+  feedback.end();
   if (ok) c.finish();
   rep.bytes_sent = c.bytes_sent();
   failure f = c.result();

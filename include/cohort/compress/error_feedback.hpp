@@ -14,6 +14,11 @@
 /// (|error| <= half an ulp of r'). Nothing is lost, only delayed: top-k with error feedback
 /// converges where plain top-k does not.
 ///
+/// The gradient and the residual are read once per encode: where the inner codec can, the
+/// correction, the encoding and the new residual happen in one pass (int8 block by block,
+/// top-k in its selection's collecting pass), with the same float operations in the same order
+/// as correcting, encoding and decode-subtracting in turn, so the same bits.
+///
 /// One object per tensor: the residual is sized by the first encode (its one allocation) and
 /// a later call with another size is refused. Not thread-safe; copyable (the copy has its own
 /// residual). In a compressed all_reduce the residual covers what this rank's own encoding
@@ -70,7 +75,10 @@ class error_feedback {
   /// first encode.
   std::span<const float> residual() const noexcept { return residual_; }
   /// Forgets the residual (e.g. when the model is reinitialized); the next encode sizes it.
-  void reset() noexcept { residual_.clear(); }
+  void reset() noexcept {
+    residual_.clear();
+    fresh_ = false;
+  }
 
   /// As the inner codec.
   std::size_t max_encoded_bytes(std::size_t n) const { return inner_.max_encoded_bytes(n); }
@@ -85,8 +93,9 @@ class error_feedback {
     if (!fits(g.size()))
       throw error(make_error_code(errc::invalid_argument), "error_feedback::encode", -1,
                   "error_feedback::encode: " + size_error(g.size()));
-    const std::size_t bytes = inner_.encode(correct(g), out, work, salt);
-    absorb(inner_, out.first(bytes), 0, g.size());
+    begin(g.size());
+    const std::size_t bytes = encode_part(inner_, g, 0, out, work, salt);
+    end();
     return bytes;
   }
   /// As the inner codec.
@@ -103,11 +112,12 @@ class error_feedback {
   /// the corrected gradient c = g + r to encode (`g` is not written). Needs `fits(g.size())`;
   /// the first call allocates the residual.
   std::span<const float> correct(std::span<const float> g) {
-    if (residual_.size() != g.size()) {
+    if (fresh_ || residual_.size() != g.size()) {
       residual_.assign(g.begin(), g.end());
     } else {
       for (std::size_t i = 0; i < g.size(); ++i) residual_[i] = g[i] + residual_[i];
     }
+    fresh_ = false;
     return residual_;
   }
   /// For collectives, step 2 of 2, once c is no longer read: elements [first, first + count)
@@ -124,6 +134,79 @@ class error_feedback {
     std::fill_n(residual_.begin() + static_cast<std::ptrdiff_t>(first), count, 0.0f);
   }
 
+  /// For collectives that correct as they encode, instead of `correct`: sizes the residual for
+  /// a tensor of n floats (needs `fits(n)`; the first call allocates it) without reading the
+  /// gradient. Until the tensor has gone through `encode_part`, `encode_corrected`, `take_part`
+  /// or `correct`, the residual of a first call is "none yet": the corrected gradient is g
+  /// itself, bit for bit (-0 and NaN payloads included), not g + 0.
+  void begin(std::size_t n) {
+    fresh_ = residual_.size() != n;
+    if (fresh_) residual_.assign(n, 0.0f);
+  }
+  /// After `begin`: encodes elements [first, first + g.size()) of the corrected gradient (g is
+  /// that range of the gradient) with `wire` into `out` and leaves their residual as c -
+  /// decoded, reading g and the residual once where `wire` fuses the two (`encode_feedback`);
+  /// else correcting, encoding and absorbing in turn. Returns the encoded length.
+  /// `first_block` goes to a block codec's encode (a tensor encoded in pieces).
+  template <codec Wire>
+  std::size_t encode_part(const Wire& wire, std::span<const float> g, std::size_t first,
+                          std::span<std::byte> out, std::span<std::byte> work,
+                          std::uint64_t salt, std::size_t first_block = 0) {
+    const auto r = std::span(residual_).subspan(first, g.size());
+    if constexpr (requires { wire.encode_feedback(g, r, fresh_, out, work, salt, first_block); }) {
+      return wire.encode_feedback(g, r, fresh_, out, work, salt, first_block);
+    } else if constexpr (requires { wire.encode_feedback(g, r, fresh_, out, work, salt); }) {
+      return wire.encode_feedback(g, r, fresh_, out, work, salt);
+    } else {
+      std::size_t bytes = 0;
+      if constexpr (requires { wire.encode_corrected(g, r, fresh_, out, work, salt); }) {
+        bytes = wire.encode_corrected(g, r, fresh_, out, work, salt);
+      } else {
+        correct_range(g, r);
+        bytes = wire.encode(r, out, work, salt);
+      }
+      absorb(wire, out.first(bytes), first, g.size());
+      return bytes;
+    }
+  }
+  /// After `begin`, for a collective that decides later whether the encoding is used: writes
+  /// c = g + r over the whole tensor to the residual (`corrected()` then returns it) and
+  /// returns the length of `wire`'s encoding of c in `out`, correcting in the selection's pass
+  /// where `wire` can (`encode_corrected`). Nothing is absorbed yet.
+  template <codec Wire>
+  std::size_t encode_corrected(const Wire& wire, std::span<const float> g,
+                               std::span<std::byte> out, std::span<std::byte> work,
+                               std::uint64_t salt) {
+    const std::span<float> r(residual_);
+    std::size_t bytes = 0;
+    if constexpr (requires { wire.encode_corrected(g, r, fresh_, out, work, salt); }) {
+      bytes = wire.encode_corrected(g, r, fresh_, out, work, salt);
+    } else {
+      correct_range(g, r);
+      bytes = wire.encode(r, out, work, salt);
+    }
+    fresh_ = false;
+    return bytes;
+  }
+  /// Ends what `begin` started: the residual of every element is formed.
+  void end() noexcept { fresh_ = false; }
+  /// The corrected gradient c, once `correct` or `encode_corrected` has formed it.
+  std::span<const float> corrected() const noexcept { return residual_; }
+  /// After `begin`, for values a collective adds exactly: writes c = g + r of elements
+  /// [first, first + g.size()) (g is that range of the gradient) to `out` and sets their
+  /// residual to 0; returns `out`. One pass over g and the residual instead of correcting,
+  /// reading and settling.
+  const float* take_part(std::span<const float> g, std::size_t first, float* out) noexcept {
+    float* r = residual_.data() + first;
+    if (fresh_) {
+      std::copy(g.begin(), g.end(), out);
+    } else {
+      for (std::size_t i = 0; i < g.size(); ++i) out[i] = g[i] + r[i];
+    }
+    std::fill_n(r, g.size(), 0.0f);
+    return out;
+  }
+
   /// The message of a size mismatch, for error reports.
   std::string size_error(std::size_t n) const {
     return "error_feedback holds the residual of a tensor of " + std::to_string(residual_.size()) +
@@ -131,8 +214,15 @@ class error_feedback {
   }
 
  private:
+  // r = g + r (r = g while there is no residual yet) over one range.
+  void correct_range(std::span<const float> g, std::span<float> r) const noexcept {
+    if (fresh_) std::copy(g.begin(), g.end(), r.begin());
+    else for (std::size_t i = 0; i < g.size(); ++i) r[i] = g[i] + r[i];
+  }
+
   Inner inner_{};
   std::vector<float> residual_;
+  bool fresh_ = false;  // set by `begin` on a first call: the residual is none yet, not zeros
 };
 
 template <codec C>

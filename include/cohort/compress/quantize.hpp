@@ -125,6 +125,43 @@ template <std::size_t Block, decode_mode M>
     dequantize_block<M>(in + b * (Block + 4), std::min(Block, n - off), x + off);
 }
 
+// c = g + r (g itself where `fresh`: no residual yet) written to r, or g copied.
+[[gnu::always_inline]] inline void correct_into(const float* g, float* r, std::size_t len,
+                                               bool fresh) noexcept {
+  if (fresh) std::memcpy(r, g, len * sizeof(float));
+  else for (std::size_t i = 0; i < len; ++i) r[i] = g[i] + r[i];
+}
+
+// Error feedback fused into quantization, block by block: r = g + r, the block quantized from
+// r, then r = r - decoded. The same operations, in the same order, as correcting the whole
+// tensor, quantizing it and decode-subtracting it, but the block stays in L1 between the three
+// steps: the gradient and the residual are read once and the residual written once.
+// `QuantizeBlock(c, len, rec, b)` quantizes block b.
+template <std::size_t Block, class QuantizeBlock>
+[[gnu::always_inline]] inline void quantize_feedback_all(const float* g, float* r, bool fresh,
+                                                         std::size_t n, std::byte* out,
+                                                         QuantizeBlock quantize_one) noexcept {
+  for (std::size_t b = 0, off = 0; off < n; ++b, off += Block) {
+    const std::size_t len = std::min(Block, n - off);
+    std::byte* rec = out + b * (Block + 4);
+    correct_into(g + off, r + off, len, fresh);
+    quantize_one(r + off, len, rec, b);
+    dequantize_block<decode_mode::subtract>(rec, len, r + off);
+  }
+}
+
+template <std::size_t Block, bool Stochastic>
+[[gnu::always_inline]] inline void quantize_feedback_portable(const float* g, float* r,
+                                                              bool fresh, std::size_t n,
+                                                              std::byte* out,
+                                                              std::uint64_t salt) noexcept {
+  quantize_feedback_all<Block>(
+      g, r, fresh, n, out, [salt](const float* c, std::size_t len, std::byte* rec, std::size_t b) {
+        const auto seed = Stochastic ? static_cast<std::uint32_t>(mix64(salt + b)) : 0u;
+        quantize_block<Stochastic>(c, len, rec, reinterpret_cast<std::int8_t*>(rec + 4), seed);
+      });
+}
+
 #if COHORT_SIMD_X86
 // `quantize_nearest` on 8 lanes: the same operations, so the same integers.
 [[gnu::always_inline]] COHORT_TARGET_AVX2 inline __m256i quantize_nearest8(
@@ -187,6 +224,17 @@ COHORT_TARGET_AVX2 void quantize_avx2(const float* x, std::size_t n, std::byte* 
     }
   }
 }
+template <std::size_t Block, bool Stochastic>
+COHORT_TARGET_AVX2 void quantize_feedback_avx2(const float* g, float* r, bool fresh, std::size_t n,
+                                               std::byte* out, std::uint64_t salt) noexcept {
+  quantize_feedback_all<Block>(
+      g, r, fresh, n, out, [salt](const float* c, std::size_t len, std::byte* rec, std::size_t b) {
+        auto* q = reinterpret_cast<std::int8_t*>(rec + 4);
+        if constexpr (Stochastic)
+          quantize_block<true>(c, len, rec, q, static_cast<std::uint32_t>(mix64(salt + b)));
+        else quantize_block_nearest_avx2(c, len, rec, q);
+      });
+}
 template <std::size_t Block, decode_mode M>
 COHORT_TARGET_AVX2 void dequantize_avx2(const std::byte* in, std::size_t n, float* x) noexcept {
   dequantize_all<Block, M>(in, n, x);
@@ -199,6 +247,16 @@ void quantize(const float* x, std::size_t n, std::byte* out, std::uint64_t salt)
   if (active_isa() == isa::avx2) return quantize_avx2<Block, Stochastic>(x, n, out, salt);
 #endif
   quantize_all<Block, Stochastic>(x, n, out, salt);
+}
+
+template <std::size_t Block, bool Stochastic>
+void quantize_feedback(const float* g, float* r, bool fresh, std::size_t n, std::byte* out,
+                       std::uint64_t salt) noexcept {
+#if COHORT_SIMD_X86
+  if (active_isa() == isa::avx2)
+    return quantize_feedback_avx2<Block, Stochastic>(g, r, fresh, n, out, salt);
+#endif
+  quantize_feedback_portable<Block, Stochastic>(g, r, fresh, n, out, salt);
 }
 
 template <std::size_t Block>
@@ -249,12 +307,29 @@ struct int8_codec {
   constexpr std::size_t workspace_bytes(std::size_t) const noexcept { return 0; }
 
   /// Quantizes `in` into `out` (4-byte aligned, `encoded_bytes(in.size())` long).
+  /// `first_block`: the index of in's first block within a tensor encoded in pieces, which
+  /// then draws the same stochastic rounding as the tensor encoded whole with `salt`.
   std::size_t encode(std::span<const float> in, std::span<std::byte> out, std::span<std::byte>,
-                     std::uint64_t salt) const noexcept {
+                     std::uint64_t salt, std::size_t first_block = 0) const noexcept {
     assert(out.size() >= encoded_bytes(in.size()));
-    if (stochastic) detail::quantize<Block, true>(in.data(), in.size(), out.data(), salt ^ seed);
+    if (stochastic)
+      detail::quantize<Block, true>(in.data(), in.size(), out.data(), (salt ^ seed) + first_block);
     else detail::quantize<Block, false>(in.data(), in.size(), out.data(), 0);
     return encoded_bytes(in.size());
+  }
+  /// Error feedback in one pass: encodes c = g + r (c = g where `fresh`, r then holding no
+  /// residual yet) as `encode(c)` would, and leaves r = c - decoded, as decode-subtracting the
+  /// encoding from c would: the same bytes and the same residual, bit for bit.
+  std::size_t encode_feedback(std::span<const float> g, std::span<float> r, bool fresh,
+                              std::span<std::byte> out, std::span<std::byte>, std::uint64_t salt,
+                              std::size_t first_block = 0) const noexcept {
+    assert(r.size() == g.size() && out.size() >= encoded_bytes(g.size()));
+    if (stochastic)
+      detail::quantize_feedback<Block, true>(g.data(), r.data(), fresh, g.size(), out.data(),
+                                             (salt ^ seed) + first_block);
+    else
+      detail::quantize_feedback<Block, false>(g.data(), r.data(), fresh, g.size(), out.data(), 0);
+    return encoded_bytes(g.size());
   }
   /// Dequantizes `bytes` (the encoding of x.size() floats) into `x` as `mode` says.
   void decode(std::span<const std::byte> bytes, std::span<float> x,

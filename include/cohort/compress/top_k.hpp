@@ -71,25 +71,19 @@ struct top_k_codec {
   /// returns its length. `work`: `workspace_bytes(n)`, 4-byte aligned. `salt` places samples.
   std::size_t encode(std::span<const float> in, std::span<std::byte> out,
                      std::span<std::byte> work, std::uint64_t salt) const {
-    const std::size_t n = in.size(), k = max_entries(n);
-    assert(n < (std::size_t{1} << 32) && out.size() >= k * entry_bytes);
-    assert(work.size() >= workspace_bytes(n));
-    assert(reinterpret_cast<std::uintptr_t>(out.data()) % 4 == 0);
-    auto* idx = reinterpret_cast<std::uint32_t*>(out.data());  // indices first, in place
-    auto* work32 = reinterpret_cast<std::uint32_t*>(work.data());
-    const detail::selected chosen =
-        method == selection::exact
-            ? detail::selected{detail::top_k_exact(in.data(), n, k, idx), nullptr}
-            : detail::top_k_sampled(in.data(), n, k, idx, work32, salt);
-    const std::size_t m = chosen.count;
-    std::byte* values = out.data() + 4 * m;
-    for (std::size_t j = 0; j < m; ++j) {
-      const V v = static_cast<V>(chosen.values ? chosen.values[j] : in[idx[j]]);
-      std::memcpy(values + j * sizeof(V), &v, sizeof(V));
-    }
-    return m * entry_bytes;
+    detail::plain_input x{in.data()};
+    return encode_from(x, in.size(), out, work, salt);
   }
-
+  /// Error feedback's correction in the selection's pass: writes c = g + r (c = g where
+  /// `fresh`, r then holding no residual yet) to r and returns `encode(c)`, the same bytes. The
+  /// residual of the entries sent is not formed: decode-subtract the payload from r for that.
+  std::size_t encode_corrected(std::span<const float> g, std::span<float> r, bool fresh,
+                               std::span<std::byte> out, std::span<std::byte> work,
+                               std::uint64_t salt) const {
+    assert(r.size() == g.size());
+    detail::corrected_input x{g.data(), r.data(), fresh};
+    return encode_from(x, g.size(), out, work, salt);
+  }
   /// Writes the entries of `bytes` into `x` as `mode` says. `bytes` must be `valid`.
   void decode(std::span<const std::byte> bytes, std::span<float> x,
               decode_mode mode) const noexcept {
@@ -134,6 +128,31 @@ struct top_k_codec {
       s += dtype_name(dtype_of<V>);
     }
     return s;
+  }
+
+ private:
+  // Selection and payload over `in` (detail/select.hpp's plain or corrected input).
+  template <class Input>
+  std::size_t encode_from(Input& in, std::size_t n, std::span<std::byte> out,
+                          std::span<std::byte> work, std::uint64_t salt) const {
+    const std::size_t k = max_entries(n);
+    assert(n < (std::size_t{1} << 32) && out.size() >= k * entry_bytes);
+    assert(work.size() >= workspace_bytes(n));
+    assert(reinterpret_cast<std::uintptr_t>(out.data()) % 4 == 0);
+    auto* idx = reinterpret_cast<std::uint32_t*>(out.data());  // indices first, in place
+    auto* work32 = reinterpret_cast<std::uint32_t*>(work.data());
+    const detail::selected chosen =
+        method == selection::exact
+            ? detail::selected{detail::top_k_exact(in.values(n), n, k, idx), nullptr}
+            : detail::top_k_sampled(in, n, k, idx, work32, salt);
+    const std::size_t m = chosen.count;
+    const float* x = in.values(n);
+    std::byte* values = out.data() + 4 * m;
+    for (std::size_t j = 0; j < m; ++j) {
+      const V v = static_cast<V>(chosen.values ? chosen.values[j] : x[idx[j]]);
+      std::memcpy(values + j * sizeof(V), &v, sizeof(V));
+    }
+    return m * entry_bytes;
   }
 };
 

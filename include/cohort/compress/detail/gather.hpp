@@ -28,6 +28,7 @@
 #include <cohort/compress/detail/pipeline.hpp>
 #include <cohort/compress/detail/scratch.hpp>
 #include <cohort/compress/detail/summable.hpp>
+#include <cohort/compress/error_feedback.hpp>
 #include <cohort/compress/report.hpp>
 #include <cohort/core/buffer.hpp>
 #include <cohort/core/error.hpp>
@@ -47,7 +48,8 @@ std::size_t gather_scratch(const G& g, std::size_t n, int p) noexcept {
 }
 
 /// Sums this rank's `contribution` with every rank's through the sparse codec `g` (see this
-/// file's comment) into `data`, which may be the contribution itself.
+/// file's comment) into `data`, which may be the contribution itself. `feedback` corrects the
+/// contribution as the selection reads it (after its `begin`).
 template <class Call, gather_codec G, class Op, class Feedback>
 bool gather_all_reduce(Call& c, std::span<const float> contribution, std::span<float> data,
                        const G& g, const Op& op,
@@ -65,11 +67,16 @@ bool gather_all_reduce(Call& c, std::span<const float> contribution, std::span<f
   auto own = sparse.take(g.max_encoded_bytes(n));
   auto all = sparse.take(4 * n);
   auto work = sparse.take(g.workspace_bytes(n));
+  // With error feedback the selection's pass corrects the gradient into the residual, which
+  // then holds the contribution c for the dense fallback; nothing is absorbed before the
+  // aggregation is chosen.
   std::size_t mine = 0;
   if (pays(g.max_encoded_bytes(n))) {
-    mine = g.encode(contribution, own, work, salt);
+    mine = feedback.encode_corrected(g, contribution, own, work, salt);
+    if constexpr (is_error_feedback<Feedback>) contribution = feedback.corrected();
     sizes[r] = mine;
   } else {
+    contribution = feedback.correct(contribution);
     sizes[r] = wants_dense;
   }
   if (!cohort::detail::ring_all_gather(c, reinterpret_cast<std::byte*>(sizes),
@@ -99,11 +106,14 @@ bool gather_all_reduce(Call& c, std::span<const float> contribution, std::span<f
   };
   if (mine > 0) std::memcpy(all.data() + offset_of(r), own.data(), mine);
   auto block_at = [&](int i) { return block{offset_of(i), static_cast<std::size_t>(sizes[i])}; };
-  // `data` is read no more (the contribution is encoded, the aggregation chosen): it is zeroed
-  // while the first payload arrives, the one piece of work that can overlap the transfer.
+  // `data` is read no more (the contribution is encoded, the aggregation chosen): it is zeroed,
+  // and the error feedback keeps what this rank's payload dropped, while the first payload
+  // arrives: the work that can overlap the transfer.
   bool zeroed = false;
   auto zero_once = [&](std::size_t, std::size_t) {
-    if (!std::exchange(zeroed, true)) std::fill(data.begin(), data.end(), 0.0f);
+    if (std::exchange(zeroed, true)) return;
+    std::fill(data.begin(), data.end(), 0.0f);
+    feedback.absorb(g, own.first(mine), 0, n);
   };
   if (!all_gather_decoding(c, all.data(), block_at, 1, zero_once)) return false;
   zero_once(0, 0);  // this rank's payload was empty
@@ -114,7 +124,6 @@ bool gather_all_reduce(Call& c, std::span<const float> contribution, std::span<f
                     "rank " + std::to_string(i) + " sent a sparse payload with an index out of "
                     "order or not below " + std::to_string(n));
   }
-  feedback.absorb(g, own.first(mine), 0, n);
   rep.used = aggregation::gather;
   rep.encoded_bytes = mine;
   rep.density = n == 0 ? 0.0 : static_cast<double>(mine / G::entry_bytes) / static_cast<double>(n);

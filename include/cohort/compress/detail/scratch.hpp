@@ -4,6 +4,7 @@
 
 #include <cassert>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 namespace cohort::compress::detail {
@@ -31,9 +32,28 @@ class carver {
   std::span<std::byte> rest_;
 };
 
-/// The error feedback of a call without one: correcting and absorbing do nothing.
+/// The error feedback of a call without one: correcting and absorbing do nothing, encoding
+/// encodes the gradient.
 struct no_feedback {
   std::span<const float> correct(std::span<const float> g) const noexcept { return g; }
+  void begin(std::size_t) const noexcept {}
+  void end() const noexcept {}
+  template <class Wire>
+  std::size_t encode_part(const Wire& w, std::span<const float> g, std::size_t,
+                          std::span<std::byte> out, std::span<std::byte> work, std::uint64_t salt,
+                          std::size_t first_block = 0) const {
+    if constexpr (requires { w.encode(g, out, work, salt, first_block); })
+      return w.encode(g, out, work, salt, first_block);
+    else return w.encode(g, out, work, salt);
+  }
+  template <class Wire>
+  std::size_t encode_corrected(const Wire& w, std::span<const float> g, std::span<std::byte> out,
+                               std::span<std::byte> work, std::uint64_t salt) const {
+    return w.encode(g, out, work, salt);
+  }
+  const float* take_part(std::span<const float> g, std::size_t, float*) const noexcept {
+    return g.data();
+  }
   template <class Wire>
   void absorb(const Wire&, std::span<const std::byte>, std::size_t, std::size_t) const noexcept {}
   void settle(std::size_t, std::size_t) const noexcept {}

@@ -100,52 +100,202 @@ inline std::size_t collect_at_least_portable(const float* x, std::size_t n, std:
 }
 
 #if COHORT_SIMD_X86
-// Lanes of p[0..8) whose key exceeds `below`, as all-ones.
-[[gnu::always_inline]] COHORT_TARGET_AVX2 inline __m256i at_least8(const float* p,
+// For each 8-bit mask, the lanes of its set bits packed to the front: the permutation that
+// compacts the chosen lanes of a vector, keeping their order.
+inline constexpr auto compact_lanes = [] {
+  std::array<std::array<std::uint32_t, 8>, 256> t{};
+  for (unsigned mask = 0; mask < 256; ++mask)
+    for (unsigned b = 0, k = 0; b < 8; ++b)
+      if ((mask >> b) & 1u) t[mask][k++] = b;
+  return t;
+}();
+
+// Lanes of v whose key exceeds `below`, as all-ones.
+[[gnu::always_inline]] COHORT_TARGET_AVX2 inline __m256i at_least8(__m256 v,
                                                                   __m256i below) noexcept {
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm256_cmpgt_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x7FFF'FFFF)), below);
+  const __m256i abs_mask = _mm256_set1_epi32(0x7FFF'FFFF);
+  return _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_castps_si256(v), abs_mask), below);
 }
 
-// 32 comparisons per test; only groups of 8 with a hit are looked at element by element.
-COHORT_TARGET_AVX2 inline std::size_t collect_at_least_avx2(const float* x, std::size_t n,
-                                                           std::uint32_t t, std::uint32_t* idx,
-                                                           float* vals,
+// Appends the lanes of v that `hit` marks (index base + lane, value) at m: with one
+// permutation (no branch per element) while at least 8 slots are left below `cap`, element by
+// element after.
+[[gnu::always_inline]] COHORT_TARGET_AVX2 inline void take8(__m256 v, __m256i hit,
+                                                           std::size_t base, std::size_t& m,
+                                                           std::uint32_t* idx, float* vals,
                                                            std::size_t cap) noexcept {
+  const auto mask = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(hit)));
+  if (m + 8 <= cap) {
+    const __m256i perm =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(compact_lanes[mask].data()));
+    const auto first = static_cast<std::int32_t>(static_cast<std::uint32_t>(base));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + m),
+                        _mm256_add_epi32(_mm256_set1_epi32(first), perm));
+    _mm256_storeu_ps(vals + m, _mm256_permutevar8x32_ps(v, perm));
+    m += static_cast<std::size_t>(std::popcount(mask));
+    return;
+  }
+  alignas(32) float lane[8];
+  _mm256_store_ps(lane, v);
+  for (unsigned h = mask; h != 0; h &= h - 1, ++m) {
+    const int b = std::countr_zero(h);
+    if (m < cap) {
+      idx[m] = static_cast<std::uint32_t>(base + b);
+      vals[m] = lane[b];
+    }
+  }
+}
+
+// Loads of the collecting loop: floats x[at..at+8).
+struct load_plain {
+  const float* x;
+  [[gnu::always_inline]] COHORT_TARGET_AVX2 __m256 operator()(std::size_t at) const noexcept {
+    return _mm256_loadu_ps(x + at);
+  }
+};
+// c = g + r (g where `Fresh`) at [at, at+8), stored to r on the way.
+template <bool Fresh>
+struct load_corrected {
+  const float* g;
+  float* r;
+  [[gnu::always_inline]] COHORT_TARGET_AVX2 __m256 operator()(std::size_t at) const noexcept {
+    __m256 c = _mm256_loadu_ps(g + at);
+    if constexpr (!Fresh) c = _mm256_add_ps(c, _mm256_loadu_ps(r + at));
+    _mm256_storeu_ps(r + at, c);
+    return c;
+  }
+};
+
+// The collecting loop over whole groups of 32 floats, `load(i)` giving floats i..i+8 (and
+// doing whatever else the pass does with them): 32 comparisons per test, then the groups of 8
+// with a hit compacted. Returns how many passed; `done`: how far it got.
+template <class Load>
+[[gnu::always_inline]] COHORT_TARGET_AVX2 inline std::size_t collect_groups_avx2(
+    Load load, std::size_t n, std::size_t base, std::uint32_t t, std::uint32_t* idx, float* vals,
+    std::size_t cap, std::size_t& done) noexcept {
   // key >= t  <=>  key > t - 1 (signed compare: keys and t are below 2^31; t - 1 may be -1).
   const __m256i below = _mm256_set1_epi32(static_cast<std::int32_t>(t) - 1);
   std::size_t m = 0, i = 0;
-  auto take = [&](std::size_t at, unsigned hits) {
-    for (; hits != 0; hits &= hits - 1, ++m) {
-      const int b = std::countr_zero(hits);
-      if (m < cap) {
-        idx[m] = static_cast<std::uint32_t>(at + b);
-        vals[m] = x[at + b];
-      }
-    }
-  };
   for (; i + 32 <= n; i += 32) {
-    const __m256i h0 = at_least8(x + i, below), h1 = at_least8(x + i + 8, below);
-    const __m256i h2 = at_least8(x + i + 16, below), h3 = at_least8(x + i + 24, below);
+    const __m256 v0 = load(i), v1 = load(i + 8), v2 = load(i + 16), v3 = load(i + 24);
+    const __m256i h0 = at_least8(v0, below), h1 = at_least8(v1, below);
+    const __m256i h2 = at_least8(v2, below), h3 = at_least8(v3, below);
     const __m256i any = _mm256_or_si256(_mm256_or_si256(h0, h1), _mm256_or_si256(h2, h3));
     if (_mm256_testz_si256(any, any)) continue;
-    take(i, static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(h0))));
-    take(i + 8, static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(h1))));
-    take(i + 16, static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(h2))));
-    take(i + 24, static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(h3))));
+    take8(v0, h0, base + i, m, idx, vals, cap);
+    take8(v1, h1, base + i + 8, m, idx, vals, cap);
+    take8(v2, h2, base + i + 16, m, idx, vals, cap);
+    take8(v3, h3, base + i + 24, m, idx, vals, cap);
+  }
+  done = i;
+  return m;
+}
+
+COHORT_TARGET_AVX2 inline std::size_t collect_at_least_avx2(const float* x, std::size_t n,
+                                                           std::size_t base, std::uint32_t t,
+                                                           std::uint32_t* idx, float* vals,
+                                                           std::size_t cap) noexcept {
+  std::size_t i = 0;
+  const std::size_t m = collect_groups_avx2(load_plain{x}, n, base, t, idx, vals, cap, i);
+  const std::size_t used = std::min(m, cap);
+  return m + collect_at_least_portable(x + i, n - i, base + i, t, idx + used, vals + used,
+                                       cap - used);
+}
+
+// `correct_tile` for the vector path (the same float additions).
+COHORT_TARGET_AVX2 inline void correct_tile_avx2(const float* g, float* r,
+                                                 std::size_t len) noexcept {
+  for (std::size_t i = 0; i < len; ++i) r[i] = g[i] + r[i];
+}
+
+// `collect_at_least` over c = g + r (g where `fresh`), written to r in the same loop: g and r
+// are read once and r written once.
+COHORT_TARGET_AVX2 inline std::size_t collect_corrected_avx2(const float* g, float* r, bool fresh,
+                                                             std::size_t n, std::uint32_t t,
+                                                             std::uint32_t* idx, float* vals,
+                                                             std::size_t cap) noexcept {
+  std::size_t i = 0, m = 0;
+  if (fresh) {
+    m = collect_groups_avx2(load_corrected<true>{g, r}, n, 0, t, idx, vals, cap, i);
+    std::copy(g + i, g + n, r + i);
+  } else {
+    m = collect_groups_avx2(load_corrected<false>{g, r}, n, 0, t, idx, vals, cap, i);
+    correct_tile_avx2(g + i, r + i, n - i);
   }
   const std::size_t used = std::min(m, cap);
-  return m + collect_at_least_portable(x + i, n - i, i, t, idx + used, vals + used, cap - used);
+  return m + collect_at_least_portable(r + i, n - i, i, t, idx + used, vals + used, cap - used);
 }
 #endif
 
 inline std::size_t collect_at_least(const float* x, std::size_t n, std::uint32_t t,
                                     std::uint32_t* idx, float* vals, std::size_t cap) noexcept {
 #if COHORT_SIMD_X86
-  if (active_isa() == isa::avx2) return collect_at_least_avx2(x, n, t, idx, vals, cap);
+  if (active_isa() == isa::avx2) return collect_at_least_avx2(x, n, 0, t, idx, vals, cap);
 #endif
   return collect_at_least_portable(x, n, 0, t, idx, vals, cap);
 }
+
+/// r = g + r over `len` floats, or r = g where `fresh` (no residual yet: g itself, -0 and NaN
+/// payloads included, rather than g + 0).
+inline void correct_tile(const float* g, float* r, std::size_t len, bool fresh) noexcept {
+  if (fresh) {
+    std::copy_n(g, len, r);
+    return;
+  }
+#if COHORT_SIMD_X86
+  if (active_isa() == isa::avx2) return correct_tile_avx2(g, r, len);
+#endif
+  for (std::size_t i = 0; i < len; ++i) r[i] = g[i] + r[i];
+}
+
+/// The input of a selection: floats in memory.
+struct plain_input {
+  const float* x;
+
+  float at(std::size_t i) const noexcept { return x[i]; }
+  std::size_t collect(std::size_t n, std::uint32_t t, std::uint32_t* idx, float* vals,
+                      std::size_t cap) const noexcept {
+    return collect_at_least(x, n, t, idx, vals, cap);
+  }
+  /// The whole input, in memory.
+  const float* values(std::size_t) const noexcept { return x; }
+};
+
+/// The input of a selection with error feedback: c = g + r (g where `fresh`), formed on the
+/// way and written to r, so that the corrected gradient costs no pass of its own: the
+/// collecting pass reads g and r and writes r (the portable path tile by tile, the tile
+/// staying in L1 for the comparison). `values` corrects what is left, if the selection did
+/// not, and returns r.
+struct corrected_input {
+  const float* g;
+  float* r;
+  bool fresh;
+  std::size_t corrected = 0;  // r holds c below this index
+
+  /// Tiles of the collecting pass: small enough to stay in L1 between correction and test.
+  static constexpr std::size_t tile = 2048;
+
+  float at(std::size_t i) const noexcept { return fresh ? g[i] : g[i] + r[i]; }
+  std::size_t collect(std::size_t n, std::uint32_t t, std::uint32_t* idx, float* vals,
+                      std::size_t cap) noexcept {
+    corrected = n;
+#if COHORT_SIMD_X86
+    if (active_isa() == isa::avx2) return collect_corrected_avx2(g, r, fresh, n, t, idx, vals, cap);
+#endif
+    std::size_t m = 0;
+    for (std::size_t at = 0; at < n; at += tile) {
+      const std::size_t len = std::min(tile, n - at), used = std::min(m, cap);
+      correct_tile(g + at, r + at, len, fresh);
+      m += collect_at_least_portable(r + at, len, at, t, idx + used, vals + used, cap - used);
+    }
+    return m;
+  }
+  const float* values(std::size_t n) noexcept {
+    if (corrected < n) correct_tile(g + corrected, r + corrected, n - corrected, fresh);
+    corrected = n;
+    return r;
+  }
+};
 
 /// Top-k selection of `x` (exact, see the file comment): indices ascending into `out`.
 inline std::size_t top_k_exact(const float* x, std::size_t n, std::size_t k, std::uint32_t* out) {
@@ -172,19 +322,22 @@ struct selected {
 /// m = k: fewer only when the estimate overshoots). Falls back to exact selection when the
 /// sample would be most of the input or too many candidates pass. `work`:
 /// `sampled_workspace(n, k)` 4-byte slots; the values returned live there.
-inline selected top_k_sampled(const float* x, std::size_t n, std::size_t k, std::uint32_t* out,
-                              std::uint32_t* work, std::uint64_t salt) {
+/// `Input`: `plain_input` or `corrected_input`.
+template <class Input>
+selected top_k_sampled(Input& in, std::size_t n, std::size_t k, std::uint32_t* out,
+                       std::uint32_t* work, std::uint64_t salt) {
   namespace tune = top_k_tuning;
   constexpr std::size_t run = tune::sample_run;
   const std::size_t s = tune::sample_length(n, k);
-  if (k == 0 || k >= n || !tune::sampling_pays(n, s)) return {top_k_exact(x, n, k, out), nullptr};
+  if (k == 0 || k >= n || !tune::sampling_pays(n, s))
+    return {top_k_exact(in.values(n), n, k, out), nullptr};
   // Stratified: one run of `run` consecutive floats (a cache line) at a random place in each
   // of s / run equal strata, so that the sample costs one memory access per run.
   const std::size_t runs = s / run, stride = n / runs;
   for (std::size_t j = 0; j < runs; ++j) {
     const auto jitter = static_cast<std::size_t>(mix64(salt + j) % (stride - run + 1));
     const std::size_t at = j * stride + jitter;
-    for (std::size_t i = 0; i < run; ++i) work[j * run + i] = magnitude_key(x[at + i]);
+    for (std::size_t i = 0; i < run; ++i) work[j * run + i] = magnitude_key(in.at(at + i));
   }
   const std::size_t want = tune::sample_rank(n, k, s);
   std::nth_element(work, work + (s - want), work + s);
@@ -192,8 +345,8 @@ inline selected top_k_sampled(const float* x, std::size_t n, std::size_t k, std:
   const std::size_t cap = tune::candidate_capacity(k);
   std::uint32_t* cand = work + s;
   float* vals = reinterpret_cast<float*>(cand + cap);
-  const std::size_t m = collect_at_least(x, n, t, cand, vals, cap);
-  if (m > cap) return {top_k_exact(x, n, k, out), nullptr};
+  const std::size_t m = in.collect(n, t, cand, vals, cap);
+  if (m > cap) return {top_k_exact(in.values(n), n, k, out), nullptr};
   // Choose candidate positions, then turn them into indices and values, in place (the
   // positions increase, so position j is never written before it is read).
   const std::size_t got = select_exact(
@@ -205,6 +358,13 @@ inline selected top_k_sampled(const float* x, std::size_t n, std::size_t k, std:
     vals[j] = vals[pos];
   }
   return {got, vals};
+}
+
+/// Sampled top-k of the floats at `x`.
+inline selected top_k_sampled(const float* x, std::size_t n, std::size_t k, std::uint32_t* out,
+                              std::uint32_t* work, std::uint64_t salt) {
+  plain_input in{x};
+  return top_k_sampled(in, n, k, out, work, salt);
 }
 
 }  // namespace cohort::compress::detail
