@@ -21,7 +21,9 @@
 /// **Waiting.** A wait polls the rings for `spin`, then polls with `sched_yield` for `yield`,
 /// then sleeps on a futex in the segment that the peers wake when they publish to a sleeper.
 /// When the job has more ranks than this process has cores the busy polling is skipped: a
-/// spinning rank would hold the core its peer needs. Every wait ends by its deadline.
+/// spinning rank would hold the core its peer needs. So it is when the peer last waited on
+/// the CPU this rank runs on (the neighbours' work put both on one core): there the peer runs
+/// only once this rank yields. Every wait ends by its deadline.
 ///
 /// **Failures.** Each rank records its pid in the segment; a waiting rank checks the peer it
 /// waits on every `liveness_interval` (a pidfd where available), so a crashed peer makes waits
@@ -76,7 +78,7 @@ struct shm_options {
   /// (and 1 GiB). Smaller records pipeline sooner; larger ones cost fewer handoffs.
   std::size_t chunk_bytes = std::size_t{256} << 10;
   /// How long a wait busy-polls before it starts yielding the core (skipped when the job has
-  /// more ranks than this process has cores).
+  /// more ranks than this process has cores, or the peer waited last on this rank's CPU).
   std::chrono::microseconds spin{50};
   /// How long a wait then polls with `sched_yield` before it sleeps on a futex.
   std::chrono::microseconds yield{1000};

@@ -97,6 +97,17 @@ inline int usable_cpus() noexcept {
   return n > 0 ? static_cast<int>(n) : 1;
 }
 
+/// 1 + the CPU this thread runs on, or 0 where unknown (a memory read where the C library
+/// keeps it in the restartable-sequences area).
+inline std::uint32_t current_cpu() noexcept {
+#if defined(__linux__)
+  const int cpu = ::sched_getcpu();
+  return cpu >= 0 ? static_cast<std::uint32_t>(cpu) + 1 : 0;
+#else
+  return 0;
+#endif
+}
+
 /// One rank's end of a connected shm job.
 class engine {
  public:
@@ -374,9 +385,10 @@ class engine {
     return true;
   }
 
-  // Progresses until done(), a failure, or the deadline. Waiting: busy polls for `spin`, then
-  // polls with sched_yield for `yield`, then sleeps on this rank's futex word, checking
-  // `peer`'s process every `check_every`.
+  // Progresses until done(), a failure, or the deadline. Waiting: busy polls for `spin` (not
+  // at all when `peer` last waited on this rank's CPU), then polls with sched_yield for
+  // `yield`, then sleeps on this rank's futex word, checking `peer`'s process every
+  // `check_every`.
   template <class Done>
   void block_until(Done&& done, int peer, deadline until, std::error_code& ec) {
     ec.clear();
@@ -385,6 +397,7 @@ class engine {
     const std::uint32_t polls_before_clock = polls_;
     std::uint32_t idle = 0;
     clock::time_point idle_since{}, next_check{};
+    std::chrono::nanoseconds spin = s_.spin;
     for (;;) {
       const bool moved = progress();
       if (done() || failed(peer, done, false, ec)) return;
@@ -400,6 +413,16 @@ class engine {
       if (idle == polls_before_clock) {
         idle_since = now;
         next_check = now + s_.check_every;
+        // Where this rank waits, for its peers to see; and whether the peer it waits on last
+        // waited on this same CPU: then it cannot run while this rank spins (the neighbours'
+        // work or a shared core put both here), so the core is yielded at once.
+        const std::uint32_t cpu = current_cpu();
+        if (me_ != nullptr && me_->cpu.load(std::memory_order_relaxed) != cpu)
+          me_->cpu.store(cpu, std::memory_order_relaxed);
+        spin = cpu != 0 && peer >= 0 &&
+                       link(peer).slot->cpu.load(std::memory_order_relaxed) == cpu
+                   ? std::chrono::nanoseconds::zero()
+                   : s_.spin;
       }
       if (now >= until) {
         if (progress(), done()) return;
@@ -411,9 +434,9 @@ class engine {
         if (peer >= 0 && !link(peer).watch.alive() && failed(peer, done, true, ec)) return;
       }
       const auto idle_for = now - idle_since;
-      if (idle_for < s_.spin) {
+      if (idle_for < spin) {
         for (int i = 0; i < 16; ++i) cpu_relax();
-      } else if (idle_for < s_.spin + s_.yield) {
+      } else if (idle_for < spin + s_.yield) {
         sched_yield();
       } else {
         // Raise the flag, fence, then look once more: a peer publishing after our look sees

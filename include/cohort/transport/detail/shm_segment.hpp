@@ -108,7 +108,11 @@ struct alignas(128) rank_slot {
   word wake;                           ///< Futex word: bumped by whoever has news for the rank.
   word sleeping;                       ///< 1 while the rank sleeps (or is about to) on `wake`.
   std::atomic<std::uint64_t> pid_ns;   ///< Its PID namespace (`pid_namespace_id`).
+  /// 1 + the CPU the rank ran on when it last began to wait (0: unknown); on a line of its
+  /// own, as it changes while the rest is read.
+  alignas(64) word cpu;
 };
+static_assert(sizeof(rank_slot) == 128);
 
 /// Where everything lies in a segment for `size` ranks and `ring_bytes` per ring.
 struct layout {
