@@ -112,6 +112,14 @@ def commands(args, ranks):
     return {"cohort": prefix + cohort, "mpi": prefix + mpirun + [args.mpi] + common}
 
 
+def rank0_output(stdout):
+    """`stdout` without cohort-run's "[rank] " prefixes: rank 0's lines only (as is when the
+    ranks were not started by cohort-run)."""
+    if not stdout.startswith("[0] "):
+        return stdout
+    return "".join(line[4:] for line in stdout.splitlines(True) if line.startswith("[0] "))
+
+
 def run_once(cmd, timeout):
     """Runs one benchmark; returns its JSON document. Exits on a failure other than a check."""
     try:
@@ -119,7 +127,7 @@ def run_once(cmd, timeout):
     except subprocess.TimeoutExpired:
         sys.exit(f"compare.py: timed out after {timeout} s: {' '.join(cmd)}")
     try:
-        doc = json.loads(proc.stdout)
+        doc = json.loads(rank0_output(proc.stdout))
     except json.JSONDecodeError:
         sys.exit(f"compare.py: exit status {proc.returncode} and no JSON from:\n  "
                  f"{' '.join(cmd)}\n{proc.stderr.strip()}")

@@ -48,18 +48,33 @@ def clean_env():
     return {k: v for k, v in os.environ.items() if not skip.match(k)}
 
 
-def run_ranks(args_for_rank, env_for_rank, p, limit):
+def start_ranks(args_for_rank, env_for_rank, p, limit, stderr=subprocess.STDOUT):
+    """Runs ranks 0..p-1 at once; [(exit status, stdout, stderr), ...] by rank. Kills them all
+    and raises subprocess.TimeoutExpired after `limit` seconds."""
     procs = [subprocess.Popen(args_for_rank(r), env=env_for_rank(r), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(p)]
+                              stderr=stderr, text=True) for r in range(p)]
     out = []
     for pr in procs:
         try:
-            out.append(pr.communicate(timeout=limit)[0])
+            out.append((pr, *pr.communicate(timeout=limit)))
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
             raise
-    if any(pr.returncode for pr in procs):
+    return [(pr.returncode, o, e) for pr, o, e in out]
+
+
+def gloo_env(r, p, store):
+    """The environment of gloo_bench's rank r of p, meeting in the file store `store`."""
+    e = clean_env()
+    e.update(RANK=str(r), WORLD_SIZE=str(p), GLOO_STORE_DIR=store)
+    return e
+
+
+def run_ranks(args_for_rank, env_for_rank, p, limit):
+    done = start_ranks(args_for_rank, env_for_rank, p, limit)
+    out = [o for _, o, _ in done]
+    if any(rc for rc, _, _ in done):
         raise RuntimeError("a rank failed:\n" + "\n".join(out))
     return "\n".join(out)
 
@@ -94,12 +109,11 @@ def run_mpi(a, p, sizes, prefix):
 
 def run_gloo(a, p, sizes, prefix):
     with tempfile.TemporaryDirectory() as d:
-        def env(r):
-            e = clean_env()
-            e.update(RANK=str(r), WORLD_SIZE=str(p), GLOO_STORE_DIR=d)
-            return e
-        text = run_ranks(lambda r: prefix + [a.gloo, *map(str, sizes), "--budget-ms", str(a.budget_ms)], env, p, 600)
-    return parse(text, r"gloo all_reduce P=\d+ bytes=(\d+) iters=\d+ p50_us=([\d.]+)")
+        env = lambda r: gloo_env(r, p, d)
+        text = run_ranks(lambda r: prefix + [a.gloo, "--sizes", ",".join(map(str, sizes)),
+                                             "--budget-ms", str(a.budget_ms), "--format", "csv",
+                                             "--no-check"], env, p, 600)
+    return parse(text, r"(?m)^(\d+),\d+,\d+,([\d.]+),")
 
 
 def main():
