@@ -158,13 +158,7 @@ class error_feedback {
     } else if constexpr (requires { wire.encode_feedback(g, r, fresh_, out, work, salt); }) {
       return wire.encode_feedback(g, r, fresh_, out, work, salt);
     } else {
-      std::size_t bytes = 0;
-      if constexpr (requires { wire.encode_corrected(g, r, fresh_, out, work, salt); }) {
-        bytes = wire.encode_corrected(g, r, fresh_, out, work, salt);
-      } else {
-        correct_range(g, r);
-        bytes = wire.encode(r, out, work, salt);
-      }
+      const std::size_t bytes = correct_and_encode(wire, g, r, out, work, salt);
       absorb(wire, out.first(bytes), first, g.size());
       return bytes;
     }
@@ -177,14 +171,8 @@ class error_feedback {
   std::size_t encode_corrected(const Wire& wire, std::span<const float> g,
                                std::span<std::byte> out, std::span<std::byte> work,
                                std::uint64_t salt) {
-    const std::span<float> r(residual_);
-    std::size_t bytes = 0;
-    if constexpr (requires { wire.encode_corrected(g, r, fresh_, out, work, salt); }) {
-      bytes = wire.encode_corrected(g, r, fresh_, out, work, salt);
-    } else {
-      correct_range(g, r);
-      bytes = wire.encode(r, out, work, salt);
-    }
+    const std::size_t bytes =
+        correct_and_encode(wire, g, std::span<float>(residual_), out, work, salt);
     fresh_ = false;
     return bytes;
   }
@@ -218,6 +206,20 @@ class error_feedback {
   void correct_range(std::span<const float> g, std::span<float> r) const noexcept {
     if (fresh_) std::copy(g.begin(), g.end(), r.begin());
     else for (std::size_t i = 0; i < g.size(); ++i) r[i] = g[i] + r[i];
+  }
+
+  // r = g + r over one range and the encoding of it in `out`, in one pass where `wire` can
+  // (`encode_corrected`); returns the encoding's length.
+  template <codec Wire>
+  std::size_t correct_and_encode(const Wire& wire, std::span<const float> g, std::span<float> r,
+                                 std::span<std::byte> out, std::span<std::byte> work,
+                                 std::uint64_t salt) {
+    if constexpr (requires { wire.encode_corrected(g, r, fresh_, out, work, salt); }) {
+      return wire.encode_corrected(g, r, fresh_, out, work, salt);
+    } else {
+      correct_range(g, r);
+      return wire.encode(r, out, work, salt);
+    }
   }
 
   Inner inner_{};
