@@ -100,7 +100,8 @@ struct tcp_options {
       60'000};  ///< The whole setup: store, resolve, connect, accept.
   std::chrono::milliseconds handshake_timeout{5'000};  ///< Each connection's handshake.
   std::chrono::microseconds spin{
-      -1};  ///< Busy-polling in `wait`; negative: 50 us, 0 when ranks outnumber cores.
+      -1};  ///< Busy-polling in `wait`; negative: 50 us, or 200 us when ranks outnumber cores
+            ///< (a rank that outnumbers gives its core away on every round of it).
   std::function<void(std::string_view)>
       log;  ///< Refused connections and the like; default: stderr.
 };
@@ -110,6 +111,10 @@ class tcp_transport {
  public:
   /// A pending send or receive; default-constructed is complete.
   using request = detail::tcp::engine::request;
+
+  /// Sends complete once the kernel took them, without the receiver (as long as it takes what
+  /// came before): a rank whose part of a small call only sends need not wait for its peers.
+  static constexpr bool eager_sends = true;
 
   /// Sets up rank `info.rank` of `info.size` through store `s` (see the file comment); rank 0
   /// does not host anything here. Throws `cohort::error` (timed_out naming the ranks that never

@@ -6,7 +6,9 @@
 /// - `send` and `recv` only queue (no syscall), so that the sends a collective posts before it
 ///   waits leave in one `sendmsg` (the call header and a small payload share a segment).
 /// - `wait` writes what is queued, reads what is ready, and repeats: busy-polling (`ppoll` with
-///   a zero timeout) for `spin`, then blocking in `ppoll` until the deadline. Every connection
+///   a zero timeout) for `spin`, then blocking in `ppoll` until the deadline. Where ranks
+///   outnumber cores (`yield`), each round of the busy-poll gives the core away, so that a peer
+///   waiting for this core runs at once instead of after this rank blocks. Every connection
 ///   progresses in every `wait`, whichever request it waits for: full duplex on one thread.
 /// - Payload goes straight from the socket into the posted receive buffer (`recvmsg`), with a
 ///   small tail into the connection's staging buffer to catch the next frame header; bytes that
@@ -30,6 +32,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -64,6 +67,9 @@ using net::unique_fd;
 /// Tuning of the data path.
 struct engine_options {
   std::chrono::nanoseconds spin{std::chrono::microseconds(50)};  ///< busy-poll before blocking
+  /// Give the core away (`sched_yield`) on every round of the busy-poll: for ranks that
+  /// outnumber the cores, where the peer that would answer may be waiting for this one's core.
+  bool yield = false;
   std::chrono::milliseconds abort_linger{1000};  ///< how long `abort` tries to deliver its frames
   /// How long `abort` may try past the deadline of the last wait (after a timeout): a peer that
   /// reads takes the frame at once, one that stopped reading would not take it in any time.
@@ -243,6 +249,7 @@ class engine {
         // The loop's top already tries the awaited socket; a ppoll every few rounds keeps the
         // other connections going without a second syscall per round.
         if (++rounds % 8 == 0 || req.is_send) poll_once(clock::duration::zero());
+        if (opts_.yield) ::sched_yield();
         spun = true;
       } else {
         blocked = true;

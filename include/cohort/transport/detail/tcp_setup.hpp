@@ -40,6 +40,12 @@ inline const char* env(const char* name) {
   return v && *v ? v : nullptr;
 }
 
+/// More ranks on this host than cores: a waiting rank may hold the core that the peer it
+/// waits for needs.
+inline bool ranks_outnumber_cores(const launch_info& info) {
+  return info.local_size > static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 /// Fills what `o` leaves open from the environment and the defaults.
 inline void complete_options(tcp_options& o, const launch_info& info) {
   if (o.interface.empty() && env("COHORT_SOCKET_IFNAME")) o.interface = env("COHORT_SOCKET_IFNAME");
@@ -73,11 +79,8 @@ inline void complete_options(tcp_options& o, const launch_info& info) {
   if (o.spin.count() < 0) {
     if (const char* s = env("COHORT_TCP_SPIN_US"))
       o.spin = std::chrono::microseconds(std::atoll(s));
-    else {
-      const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-      o.spin = info.local_size > static_cast<int>(cores) ? std::chrono::microseconds(0)
-                                                         : std::chrono::microseconds(50);
-    }
+    else
+      o.spin = std::chrono::microseconds(ranks_outnumber_cores(info) ? 200 : 50);
   }
   if (!o.log)
     o.log = [](std::string_view s) {
@@ -297,6 +300,7 @@ COHORT_DECL void tcp_transport::setup(const launch_info& info, store& s, tcp_opt
   }
   detail::tcp::engine_options eo;
   eo.spin = opts.spin;
+  eo.yield = detail::tcp::ranks_outnumber_cores(info);
   eo.log = opts.log;
   engine_ = std::make_unique<detail::tcp::engine>(rank_, size_, std::move(m.fds),
                                                   std::move(m.addresses), std::move(eo));
