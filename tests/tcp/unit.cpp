@@ -13,14 +13,17 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <cohort/cohort.hpp>
+#include <cohort/rendezvous/detail/peer_uid.hpp>
 #include <cohort/rendezvous/file_store.hpp>
 #include <cohort/rendezvous/redis_store.hpp>
 #include <cohort/rendezvous/tcp_store.hpp>
@@ -305,6 +308,62 @@ TEST_CASE("tcp net: interface lists and the loopback default") {
   CHECK(net::is_loopback_host("127.0.0.2"));
   CHECK(net::is_loopback_host("::1"));
   CHECK_FALSE(net::is_loopback_host("10.0.0.1"));
+}
+
+// A connected pair over loopback: `listen_family` for the listener, `connect_v4` to reach an
+// IPv6 listener at 127.0.0.1 (an IPv4-mapped peer). Returns {accepted, connected}.
+std::pair<net::unique_fd, net::unique_fd> loopback_pair(int listen_family, bool connect_v4) {
+  net::unique_fd l(::socket(listen_family, SOCK_STREAM, 0));
+  sockaddr_storage at{};
+  socklen_t len = 0;
+  if (listen_family == AF_INET) {
+    auto& a = reinterpret_cast<sockaddr_in&>(at);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    len = sizeof a;
+  } else {
+    auto& a = reinterpret_cast<sockaddr_in6&>(at);
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = connect_v4 ? in6addr_any : in6addr_loopback;
+    len = sizeof a;
+  }
+  REQUIRE(::bind(l.get(), reinterpret_cast<sockaddr*>(&at), len) == 0);
+  REQUIRE(::listen(l.get(), 1) == 0);
+  REQUIRE(::getsockname(l.get(), reinterpret_cast<sockaddr*>(&at), &len) == 0);
+  if (connect_v4) {  // the same port, reached as 127.0.0.1
+    sockaddr_in v4{};
+    v4.sin_family = AF_INET;
+    v4.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    v4.sin_port = reinterpret_cast<sockaddr_in6&>(at).sin6_port;
+    std::memcpy(&at, &v4, sizeof v4);
+    len = sizeof v4;
+  }
+  net::unique_fd c(::socket(at.ss_family, SOCK_STREAM, 0));
+  REQUIRE(::connect(c.get(), reinterpret_cast<sockaddr*>(&at), len) == 0);
+  net::unique_fd s(::accept(l.get(), nullptr, nullptr));
+  REQUIRE(s);
+  return {std::move(s), std::move(c)};
+}
+
+TEST_CASE("peer uid: a loopback peer is this user, asked of sock_diag and read from the tables "
+          "alike (IPv4, IPv6, IPv4-mapped)") {
+  const struct {
+    const char* name;
+    int family;
+    bool mapped;
+  } cases[] = {{"IPv4", AF_INET, false}, {"IPv6", AF_INET6, false}, {"IPv4-mapped", AF_INET6, true}};
+  for (const auto& c : cases) {
+    INFO(c.name);
+    auto [accepted, connected] = loopback_pair(c.family, c.mapped);
+    for (bool tables : {false, true}) {
+      INFO((tables ? "tables" : "sock_diag"));
+      for (int fd : {accepted.get(), connected.get()}) {
+        const auto owner = net::peer_uid(fd, tables);
+        CHECK(owner.what == net::peer_owner::kind::local);
+        CHECK(owner.uid == ::getuid());
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -78,6 +78,30 @@ struct engine_options {
   std::function<void(std::string_view)> log;     ///< where problems are told; may be empty
 };
 
+/// Discards what `fd` holds unread, then shuts its sending side, so that closing it is a FIN
+/// (which lets the peer read what was sent) rather than a reset.
+inline void close_gently(int fd) noexcept {
+  std::byte sink[4096];
+  for (int i = 0; i < 64 && ::recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
+  }
+  ::shutdown(fd, SHUT_WR);
+}
+
+/// For the sockets of a setup that failed after some handshakes: their peers may already run an
+/// engine on them and wait in a call. Each gets an abort frame saying why this rank leaves (as
+/// much as the kernel takes at once), so that a peer blames the cause, not this rank; then
+/// each is closed gently.
+inline void farewell(std::vector<unique_fd>& fds, int origin, const failure& f) noexcept {
+  std::byte frame[frame_header_size + max_control_frame];
+  const std::size_t n = encode_abort(frame, sizeof frame, origin, f);
+  for (auto& fd : fds) {
+    if (!fd) continue;
+    (void)::send(fd.get(), frame, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+    close_gently(fd.get());
+    fd.reset();
+  }
+}
+
 /// One peer's socket and the state of both directions on it.
 struct connection {
   struct out_item {
@@ -167,13 +191,8 @@ class engine {
   /// Closes every connection: unread bytes are discarded first, so that the close is a FIN
   /// (which lets the peer read what was sent) rather than a reset.
   ~engine() {
-    for (auto& c : conns_) {
-      if (!c.fd) continue;
-      std::byte sink[4096];
-      for (int i = 0; i < 64 && ::recv(c.fd.get(), sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
-      }
-      ::shutdown(c.fd.get(), SHUT_WR);
-    }
+    for (auto& c : conns_)
+      if (c.fd) close_gently(c.fd.get());
   }
 
   int rank() const noexcept { return rank_; }

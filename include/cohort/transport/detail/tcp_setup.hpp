@@ -288,7 +288,11 @@ COHORT_DECL void tcp_transport::setup(const launch_info& info, store& s, tcp_opt
   if (!local) fail(make_error_code(errc::invalid_argument), -1, why);
   cfg.local = *local;
   auto m = detail::tcp::connect_mesh(cfg, s);
-  if (m.error.code) fail(m.error.code, m.error.peer, m.error.what);
+  if (m.error.code) {
+    detail::tcp::farewell(m.fds, rank_,
+                          {m.error.code, m.error.peer, "make_tcp_communicator: " + m.error.what});
+    fail(m.error.code, m.error.peer, m.error.what);
+  }
   if (auto* t = dynamic_cast<tcp_store*>(&s)) t->disconnect();  // the store is not needed any more
   // A file store keeps keys after the job: take this rank's off (the token first). Every peer
   // has read them by now: each one handshook with this rank, which it does only after reading
