@@ -53,6 +53,7 @@ struct sample_summary {
   std::size_t iters = 0;  ///< Timed iterations.
   double p50_us = 0;      ///< Median time of one iteration, slowest rank, in microseconds.
   double p99_us = 0;      ///< 99th percentile of the same.
+  double min_us = 0;      ///< The fastest of them: with p50, how much the waits cost.
 };
 
 /// The nearest-rank percentile `q` (0 < q <= 1) of `v`, which this sorts.
@@ -98,7 +99,8 @@ sample_summary time_iterations(G& g, Run&& run, const timing& t) {
   }
 
   g.max_over_ranks(samples);
-  return {iters, percentile(samples, 0.5) * 1e6, percentile(samples, 0.99) * 1e6};
+  const double p50 = percentile(samples, 0.5) * 1e6;  // sorts samples
+  return {iters, p50, percentile(samples, 0.99) * 1e6, samples.front() * 1e6};
 }
 
 /// The single-thread memcpy bandwidth at one size: the machine's ceiling for moving bytes.

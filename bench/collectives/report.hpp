@@ -50,7 +50,7 @@ constexpr double bus_factor(collective c, int ranks) noexcept {
 struct size_result {
   std::size_t bytes = 0;             ///< Full-buffer bytes.
   std::size_t count = 0;             ///< Full-buffer elements.
-  sample_summary time;               ///< Iterations, p50, p99.
+  sample_summary time;               ///< Iterations, p50, p99, minimum.
   double algbw_gbps = 0;             ///< bytes / p50.
   double busbw_gbps = 0;             ///< algbw * bus_factor.
   std::optional<std::size_t> wrong;  ///< Wrong elements (max over ranks); empty if unchecked.
@@ -111,10 +111,10 @@ class reporter {
                                                   "reference (#wrong elements, max over ranks)"
                                                 : "off");
     if (o.format == output_format::csv)
-      std::fprintf(out_, "bytes,count,iters,p50_us,p99_us,algbw_GBps,busbw_GBps,wrong\n");
+      std::fprintf(out_, "bytes,count,iters,p50_us,p99_us,min_us,algbw_GBps,busbw_GBps,wrong\n");
     else
-      std::fprintf(out_, "#%12s %12s %8s %11s %11s %11s %11s %7s\n", "bytes", "count", "iters",
-                   "p50_us", "p99_us", "algbw_GB/s", "busbw_GB/s", "#wrong");
+      std::fprintf(out_, "#%12s %12s %8s %11s %11s %11s %11s %11s %7s\n", "bytes", "count",
+                   "iters", "p50_us", "p99_us", "min_us", "algbw_GB/s", "busbw_GB/s", "#wrong");
     std::fflush(out_);
   }
 
@@ -123,22 +123,23 @@ class reporter {
     const std::string wrong = r.wrong ? std::to_string(*r.wrong) : "-";
     switch (options_.format) {
       case output_format::table:
-        std::fprintf(out_, " %12zu %12zu %8zu %11.2f %11.2f %11.3f %11.3f %7s\n", r.bytes,
-                     r.count, r.time.iters, r.time.p50_us, r.time.p99_us, r.algbw_gbps,
-                     r.busbw_gbps, wrong.c_str());
+        std::fprintf(out_, " %12zu %12zu %8zu %11.2f %11.2f %11.2f %11.3f %11.3f %7s\n",
+                     r.bytes, r.count, r.time.iters, r.time.p50_us, r.time.p99_us,
+                     r.time.min_us, r.algbw_gbps, r.busbw_gbps, wrong.c_str());
         break;
       case output_format::csv:
-        std::fprintf(out_, "%zu,%zu,%zu,%.3f,%.3f,%.4f,%.4f,%s\n", r.bytes, r.count,
-                     r.time.iters, r.time.p50_us, r.time.p99_us, r.algbw_gbps, r.busbw_gbps,
-                     r.wrong ? wrong.c_str() : "");
+        std::fprintf(out_, "%zu,%zu,%zu,%.3f,%.3f,%.3f,%.4f,%.4f,%s\n", r.bytes, r.count,
+                     r.time.iters, r.time.p50_us, r.time.p99_us, r.time.min_us, r.algbw_gbps,
+                     r.busbw_gbps, r.wrong ? wrong.c_str() : "");
         break;
       case output_format::json:
         std::fprintf(out_,
                      "%s\n  {\"bytes\": %zu, \"count\": %zu, \"iters\": %zu, \"p50_us\": %.3f, "
-                     "\"p99_us\": %.3f, \"algbw_GBps\": %.4f, \"busbw_GBps\": %.4f, "
-                     "\"wrong\": %s}",
+                     "\"p99_us\": %.3f, \"min_us\": %.3f, \"algbw_GBps\": %.4f, "
+                     "\"busbw_GBps\": %.4f, \"wrong\": %s}",
                      rows_ == 0 ? "" : ",", r.bytes, r.count, r.time.iters, r.time.p50_us,
-                     r.time.p99_us, r.algbw_gbps, r.busbw_gbps, r.wrong ? wrong.c_str() : "null");
+                     r.time.p99_us, r.time.min_us, r.algbw_gbps, r.busbw_gbps,
+                     r.wrong ? wrong.c_str() : "null");
         break;
     }
     ++rows_;

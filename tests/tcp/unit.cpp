@@ -1144,7 +1144,7 @@ TEST_CASE("tcp job: small rooted calls back to back: roots run ahead, every resu
           const int r = comm.rank();
           for (int i = 0; i < 200 && errors[r].empty(); ++i) {
             const int root = (i / 7) % p;
-            const std::size_t n = static_cast<std::size_t>(1 + i % 5) * 400;  // up to 8000 B
+            const std::size_t n = static_cast<std::size_t>(1 + i % 5) * 800;  // up to 16000 B
             std::vector<int> x(n, r == root ? i : -1);
             cohort::broadcast(comm, x, root, {.timeout = 10s});
             for (int v : x)
@@ -1166,29 +1166,34 @@ TEST_CASE("tcp job: small rooted calls back to back: roots run ahead, every resu
 
 TEST_CASE("tcp job: two ranks that both call themselves the root of small broadcasts: mismatch "
           "within the calls they may run ahead, naming both, not at the deadline") {
-  temp_dir d;
-  std::vector<std::error_code> codes(2);
-  std::vector<std::string> what(2);
-  std::vector<cohort::clock::duration> took(2);
-  run_tcp(
-      2, unique_job("roots"), loopback_options(),
-      [&](int) { return std::make_unique<cohort::file_store>(d.path); },
-      [&](auto& comm) {
-        std::vector<float> x(256, 1.0f);
-        std::error_code ec;
-        const auto t0 = cohort::clock::now();
-        for (int i = 0; i < 100 && !ec; ++i)
-          cohort::broadcast(comm, x, comm.rank(), {.timeout = 10s}, ec);
-        took[comm.rank()] = cohort::clock::now() - t0;
-        codes[comm.rank()] = ec;
-        if (comm.last_failure()) what[comm.rank()] = comm.last_failure()->what;
-      });
-  for (int r = 0; r < 2; ++r) {
-    INFO("rank ", r, ": ", what[r]);
-    CHECK(codes[r] == cohort::errc::mismatch);
-    CHECK(took[r] < 5s);
-    CHECK(what[r].find("from root 0") != std::string::npos);
-    CHECK(what[r].find("from root 1") != std::string::npos);
+  // 1 KiB, and the most a root may send without waiting (eager_send_bytes): four such calls
+  // must fit what the other rank holds without posting a receive.
+  for (std::size_t bytes : {std::size_t{1024}, cohort::tcp_transport::eager_send_bytes}) {
+    INFO(bytes, " bytes a call");
+    temp_dir d;
+    std::vector<std::error_code> codes(2);
+    std::vector<std::string> what(2);
+    std::vector<cohort::clock::duration> took(2);
+    run_tcp(
+        2, unique_job("roots"), loopback_options(),
+        [&](int) { return std::make_unique<cohort::file_store>(d.path); },
+        [&](auto& comm) {
+          std::vector<float> x(bytes / sizeof(float), 1.0f);
+          std::error_code ec;
+          const auto t0 = cohort::clock::now();
+          for (int i = 0; i < 100 && !ec; ++i)
+            cohort::broadcast(comm, x, comm.rank(), {.timeout = 10s}, ec);
+          took[comm.rank()] = cohort::clock::now() - t0;
+          codes[comm.rank()] = ec;
+          if (comm.last_failure()) what[comm.rank()] = comm.last_failure()->what;
+        });
+    for (int r = 0; r < 2; ++r) {
+      INFO("rank ", r, ": ", what[r]);
+      CHECK(codes[r] == cohort::errc::mismatch);
+      CHECK(took[r] < 5s);
+      CHECK(what[r].find("from root 0") != std::string::npos);
+      CHECK(what[r].find("from root 1") != std::string::npos);
+    }
   }
 }
 

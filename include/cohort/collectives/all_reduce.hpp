@@ -8,6 +8,7 @@
 #include <system_error>
 
 #include <cohort/collectives/detail/schedules.hpp>
+#include <cohort/collectives/detail/tuning.hpp>
 #include <cohort/core/buffer.hpp>
 #include <cohort/core/communicator.hpp>
 #include <cohort/core/ops.hpp>

@@ -51,10 +51,10 @@ failure broadcast_buffers(Comm& comm, const In& in, Out& out, int root,
 /// Every rank calls it with the same element count, element type and root. Schedule: a
 /// pipelined chain root, root+1, ..., root-1 in 256 KiB chunks: P-1 hops of latency, each rank
 /// but the last sending the buffer once, so the time approaches one buffer's transfer as the
-/// buffer grows. Up to 8 KiB over shared memory or TCP the root returns once its bytes are
-/// sent (one handoff), without waiting for the others to enter the call; a disagreement it did
-/// not see fails its next call, naming both calls. Results are bitwise copies. Throws
-/// `cohort::error`.
+/// buffer grows. Up to 8 KiB over shared memory, 16 KiB over TCP (the transport's
+/// `eager_send_bytes`), the root returns once its bytes are sent (one handoff), without waiting
+/// for the others to enter the call; a disagreement it did not see fails its next call, naming
+/// both calls. Results are bitwise copies. Throws `cohort::error`.
 template <communicator Comm, mutable_buffer Data>
 void broadcast(Comm& comm, Data&& data, int root, const call_options& opts = {}) {
   detail::throw_if_failed(detail::broadcast(comm, std::ranges::data(data), std::ranges::data(data),

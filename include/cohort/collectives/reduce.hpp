@@ -68,9 +68,10 @@ concept reduce_args = buffer_pair<In, Out> && reduction_for<Op, buffer_element_t
 /// Every rank calls it with the same count, element type, op and root. Schedule: a pipelined
 /// chain root+1, ..., root in 256 KiB chunks, each rank but the root sending the buffer once;
 /// ordered ops run the chain 0..P-1 and hand the result to the root. The combination order is
-/// fixed, so the result does not depend on timing. Up to 8 KiB over shared memory or TCP, the
-/// chain's first rank (commutative ops) returns once its bytes are sent; a disagreement it did
-/// not see fails its next call. Throws `cohort::error`.
+/// fixed, so the result does not depend on timing. Up to the transport's `eager_send_bytes`
+/// (8 KiB over shared memory, 16 KiB over TCP), the chain's first rank (commutative ops)
+/// returns once its bytes are sent; a disagreement it did not see fails its next call. Throws
+/// `cohort::error`.
 template <communicator Comm, class In, class Out, class Op>
   requires detail::reduce_args<In, Out, Op>
 void reduce(Comm& comm, const In& in, Out&& out, const Op& op, int root,

@@ -144,8 +144,11 @@ class shm_transport {
   ~shm_transport() = default;
 
   /// Sends complete once in the ring, without the receiver (as long as it takes what came
-  /// before): a rank whose part of a small call only sends need not wait for its peers.
-  static constexpr bool eager_sends = true;
+  /// before): a rank whose part of a call of at most this many bytes only sends (the root of a
+  /// broadcast, the first rank of a chain reduce) returns without waiting for its left
+  /// neighbour's call header, at a cost of one handoff. Small enough that the calls it may run
+  /// ahead (`unchecked_headers::capacity`, 4) fit the smallest ring (64 KiB) with their headers.
+  static constexpr std::size_t eager_send_bytes = 8 * 1024;
 
   /// This rank, in [0, size()).
   int rank() const { return engine_->rank(); }

@@ -113,8 +113,14 @@ class tcp_transport {
   using request = detail::tcp::engine::request;
 
   /// Sends complete once the kernel took them, without the receiver (as long as it takes what
-  /// came before): a rank whose part of a small call only sends need not wait for its peers.
-  static constexpr bool eager_sends = true;
+  /// came before): a rank whose part of a call of at most this many bytes only sends (the root
+  /// of a broadcast, the first rank of a chain reduce) returns without waiting for its left
+  /// neighbour's call header, at a cost of one handoff. Small enough that the calls it may run
+  /// ahead (`unchecked_headers::capacity`, 4) fit, with their headers, in what a receiver holds
+  /// without posting a receive (its 64 KiB staging buffer, then the kernel's socket buffer), as
+  /// two ranks that both think they are the root must, to see their disagreement rather than
+  /// wait for their deadline.
+  static constexpr std::size_t eager_send_bytes = 16 * 1024;
 
   /// Sets up rank `info.rank` of `info.size` through store `s` (see the file comment); rank 0
   /// does not host anything here. Throws `cohort::error` (timed_out naming the ranks that never

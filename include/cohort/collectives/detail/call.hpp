@@ -4,13 +4,14 @@
 #pragma once
 
 #include <chrono>
+#include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
 #include <string>
 #include <string_view>
 
-#include <cohort/collectives/detail/tuning.hpp>
 #include <cohort/core/communicator.hpp>
 #include <cohort/core/dtype.hpp>
 #include <cohort/core/error.hpp>
@@ -56,10 +57,13 @@ inline bool operator==(const call_header& a, const call_header& b) noexcept {
   return std::memcmp(&a, &b, sizeof a) == 0;
 }
 
-/// A transport whose sends complete into buffers of its own, without the receiver (as long as
-/// the receiver takes what came before): it says so with `static constexpr bool eager_sends`.
+/// A transport whose sends of up to `T::eager_send_bytes` complete into buffers of its own,
+/// without the receiver, even when the receiver posts nothing for a few calls
+/// (`unchecked_headers::capacity` of them, each with its header) but takes what came before.
 template <class T>
-concept eager_send_transport = requires { requires T::eager_sends; };
+concept eager_send_transport = requires {
+  { T::eager_send_bytes } -> std::convertible_to<std::size_t>;
+};
 
 /// A communicator that keeps call headers for later calls to compare, over such a transport:
 /// there a rank whose part of a small call only sends returns without waiting for its left
@@ -118,12 +122,13 @@ class call {
 
   /// Says, before `start()`, that this rank's part of the call only sends, `bytes` in all.
   /// Where the communicator can defer (`deferring_communicator`) and the bytes are few
-  /// (`tuning::unchecked_send_bytes`), the left neighbour's header is then compared by a later
+  /// (the transport's `eager_send_bytes`), the left neighbour's header is then compared by a later
   /// call, so that the call costs this rank no wait for its neighbour: a disagreement is still
   /// seen in the call by the ranks that receive, and by this rank at its next call that waits
   /// (or once `capacity` calls are pending), which fails naming both calls.
   void only_sends(std::size_t bytes) {
-    if constexpr (deferring_communicator<Comm>) defer_ = bytes <= tuning::unchecked_send_bytes;
+    if constexpr (deferring_communicator<Comm>)
+      defer_ = bytes <= Comm::transport_type::eager_send_bytes;
   }
 
   /// Rejects bad arguments before anything is sent; does not poison.
