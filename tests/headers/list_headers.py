@@ -8,7 +8,7 @@ relative to include/ (for meson).
   ... --outer / --detail                 and of those, only the ones outside (in) a detail/ folder
 
 cohort/impl/ is left out: its one header compiles only under COHORT_SEPARATE_COMPILATION and
-has a test of its own (separate_main.cpp, with tests/tcp_src.cpp).
+has a test of its own (separate_main.cpp, with examples/common/tcp_src.cpp).
 """
 import pathlib
 import sys

@@ -1,7 +1,7 @@
 // COHORT_SEPARATE_COMPILATION, the user's side: this translation unit includes the TCP
 // transport but no Boost header (check_layers.py checks that with the compiler); the setup it
-// calls is compiled in tests/tcp_src.cpp. Two ranks as threads meet at a file store, connect
-// over loopback and all-reduce, so the program proves that the split links and runs.
+// calls is compiled in examples/common/tcp_src.cpp. Two ranks as threads meet at a file store,
+// connect over loopback and all-reduce, so the program proves that the split links and runs.
 
 // First, so that this also proves that tcp.hpp compiles on its own under the macro.
 #include <cohort/transport/tcp.hpp>
@@ -67,7 +67,7 @@ int main() {
     std::fprintf(stderr, "separate compilation: wrong all_reduce result\n");
     return 1;
   }
-  // And P = 1, which needs no store: the other constructor, also compiled in tests/tcp_src.cpp.
+  // And P = 1, which needs no store: the other constructor, also compiled in tcp_src.cpp.
   auto one = cohort::make_tcp_communicator(cohort::launch_info{});
   std::vector<float> x(3, 2.0f);
   cohort::all_reduce(one, x, cohort::ops::sum);
