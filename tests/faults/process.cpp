@@ -283,9 +283,10 @@ void kill_matrix(cf::kind transport) {
 }
 
 // The deadline of a stop scenario, which every one of them waits out twice (the call and the
-// checker's). The thinned matrix runs in the fast tier, alone on the machine (is_parallel:
-// false), where 750 ms is ample for a healthy rank to reach its call; the whole matrix runs in
-// the slow tier beside other builds, and the sanitized runs are slow themselves: 1500 ms.
+// checker's). The thinned matrix runs in the fast tier, beside as many other tests as meson runs
+// at once (one on two cores), where 750 ms is ample for a healthy rank to reach its call (it
+// passes with four tests at once and a busy loop beside them); the whole matrix runs in the
+// slow tier beside other builds, and the sanitized runs are slow themselves: 1500 ms.
 std::chrono::milliseconds stop_deadline() {
   return cf::sanitized || cf::test_scale() >= 1 ? 1500ms : 750ms;
 }
