@@ -112,11 +112,11 @@ class error_feedback {
   /// the corrected gradient c = g + r to encode (`g` is not written). Needs `fits(g.size())`;
   /// the first call allocates the residual.
   std::span<const float> correct(std::span<const float> g) {
-    if (fresh_ || residual_.size() != g.size()) {
-      residual_.assign(g.begin(), g.end());
-    } else {
-      for (std::size_t i = 0; i < g.size(); ++i) residual_[i] = g[i] + residual_[i];
+    if (residual_.size() != g.size()) {
+      residual_.resize(g.size());
+      fresh_ = true;
     }
+    correct_range(g, residual_);
     fresh_ = false;
     return residual_;
   }
