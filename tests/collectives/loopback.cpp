@@ -41,6 +41,14 @@ TEST_CASE_TEMPLATE("data movement on the loopback transport", T, float, double, 
   run_suite<T>(cohort::ops::sum, false);
 }
 
+TEST_CASE_TEMPLATE("broadcast from every root on both sides of the tree/chain crossover", T, float,
+                   cohort::fp16, double) {
+  for (int p : {3, 4, 5, 8}) {
+    INFO("P=", p);
+    CHECK_NOTHROW(cohort::run_loopback(p, [](auto& comm) { ct::check_broadcast_sweep<T>(comm); }));
+  }
+}
+
 TEST_CASE_TEMPLATE("random floats: bitwise equal on every rank, within (P+1)·eps·Σ|x| of exact",
                    T, float, double, cohort::fp16, cohort::bf16) {
   for (int p : {2, 3, 4, 7}) {

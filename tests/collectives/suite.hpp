@@ -252,4 +252,19 @@ std::vector<std::size_t> counts_for(int p) {
   return n;
 }
 
+// Broadcast from every root, in turn, at counts on both sides of the bytes a root may leave in
+// the transport (8 KiB over shm, 16 KiB over TCP) and of the tree/chain crossover
+// (`tuning::tree_broadcast_bytes`), back to back on one communicator, so that the tree's edges
+// off the ring carry call after call.
+template <element T, class Comm>
+void check_broadcast_sweep(Comm& comm) {
+  const std::size_t tree = std::max<std::size_t>(detail::tuning::tree_broadcast_bytes / sizeof(T), 2);
+  const std::size_t counts[] = {1, 7, 8 * 1024 / sizeof(T) + 1, 16 * 1024 / sizeof(T) + 1,
+                                tree - 1, tree, tree + 1};
+  for (int root = 0; root < comm.size(); ++root)
+    for (std::size_t n : counts)
+      for (kind k : {kind::broadcast, kind::broadcast_out_of_place})
+        check<T>(comm, k, ops::sum, n, root, 77 + n + static_cast<std::size_t>(root));
+}
+
 }  // namespace cohort::test

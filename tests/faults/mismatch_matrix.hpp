@@ -66,6 +66,25 @@ std::pair<std::error_code, std::string> try_call(Comm& comm, const call_spec& c)
   return {};
 }
 
+// What a rank ended with: the error (empty if none), its message, and whether it came at the
+// rank's next call.
+struct mismatch_outcome {
+  std::error_code code;
+  std::string what;
+  bool late = false;
+};
+
+// Runs the call and, where it completed, a barrier after it: a rank whose part of the call only
+// sends (the first of a chain reduce, a small broadcast's root over an eager transport), or that
+// took its data from ranks that agree with it (a leaf of the broadcast tree), can finish before
+// a peer sees the disagreement, and must learn at its next call.
+template <communicator Comm>
+mismatch_outcome try_call_or_next(Comm& comm, const call_spec& c) {
+  if (auto [code, what] = try_call(comm, c); code) return {code, what, false};
+  auto [code, what] = try_call(comm, {.kind = call_kind::barrier});
+  return {code, what, true};
+}
+
 // Every disagreement the matrix covers: each pair of distinct collectives, and for each
 // collective each argument it takes, changed on the odd one out.
 inline std::vector<std::pair<call_spec, call_spec>> mismatch_cases() {

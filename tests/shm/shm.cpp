@@ -197,6 +197,15 @@ TEST_CASE_TEMPLATE("the collective suite over shm, ranks as processes", T, float
   }
 }
 
+TEST_CASE("broadcast over shm from every root on both sides of the tree/chain crossover") {
+  for (int p : {3, 4, 5}) {
+    INFO("P = ", p);
+    const std::string job = job_name("bcast");
+    check_all_passed(run_job(p, job, [](auto& comm) { ct::check_broadcast_sweep<float>(comm); }));
+    CHECK(leftovers(job).empty());
+  }
+}
+
 TEST_CASE("a small ring: sends split, wrap and wait for room") {
   cohort::shm_options opts;
   opts.ring_bytes = 64 << 10;

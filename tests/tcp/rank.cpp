@@ -103,6 +103,14 @@ int suite(cohort::tcp_communicator& comm, bool quick) {
   run_counts<float>(comm, ops::min, some, true, checks);
   run_counts<std::int32_t>(comm, ops::max, some, true, checks);
   run_counts<float>(comm, ops::avg, some, true, checks);
+  try {
+    ct::check_broadcast_sweep<float>(comm);
+  } catch (const ct::check_failed& e) {
+    std::printf("rank %d: CHECK FAILED broadcast sweep P=%d: %s\n", comm.rank(), p, e.what());
+    std::fflush(stdout);
+    std::exit(1);
+  }
+  ++checks;
   ct::check_rounding<float>(comm, 100'003, 7);
   ct::check_rounding<bf16>(comm, 10'007, 8);
   checks += 2;

@@ -25,10 +25,15 @@ failure broadcast(Comm& comm, const T* in, T* data, std::size_t n, int root,
                      std::to_string(c.size())), c.result();
   if (c.rank() == root && partly_overlap(in, n, static_cast<const T*>(data), n))
     return c.invalid("input and output overlap without being the same buffer"), c.result();
-  if (c.rank() == root) c.only_sends(n * sizeof(T));
+  const int p = c.size(), pos = (c.rank() - root + p) % p;
+  const std::size_t bytes = n * sizeof(T);
+  const bool tree = p >= 4 && bytes > deferred_send_bytes<Comm> &&
+                    bytes <= tuning::tree_broadcast_bytes;
+  if (pos == 0) c.only_sends(bytes);
   if (!c.start()) return c.result();
-  if (c.rank() == root && in != data && n > 0) std::memcpy(data, in, n * sizeof(T));
-  if (c.size() == 1 || chain_broadcast(c, reinterpret_cast<std::byte*>(data), n * sizeof(T), root))
+  if (c.rank() == root && in != data && n > 0) std::memcpy(data, in, bytes);
+  auto* d = reinterpret_cast<std::byte*>(data);
+  if (p == 1 || (tree ? tree_broadcast(c, d, bytes, root) : chain_broadcast(c, d, bytes, root)))
     c.finish();
   return c.result();
 }
@@ -52,9 +57,11 @@ failure broadcast_buffers(Comm& comm, const In& in, Out& out, int root,
 /// pipelined chain root, root+1, ..., root-1 in 256 KiB chunks: P-1 hops of latency, each rank
 /// but the last sending the buffer once, so the time approaches one buffer's transfer as the
 /// buffer grows. Up to 8 KiB over shared memory, 16 KiB over TCP (the transport's
-/// `eager_send_bytes`), the root returns once its bytes are sent (one handoff), without waiting
-/// for the others to enter the call; a disagreement it did not see fails its next call, naming
-/// both calls. Results are bitwise copies. Throws `cohort::error`.
+/// `eager_send_bytes`), the root returns once its bytes are sent, without waiting for the
+/// others to enter the call, so that calls overlap; a disagreement it did not see fails its next
+/// call, naming both calls. From there up to `tuning::tree_broadcast_bytes` (256 KiB) at four
+/// ranks or more, where the chain cannot yet pipeline, a binomial tree instead: ceil(log2 P)
+/// hops. Results are bitwise copies. Throws `cohort::error`.
 template <communicator Comm, mutable_buffer Data>
 void broadcast(Comm& comm, Data&& data, int root, const call_options& opts = {}) {
   detail::throw_if_failed(detail::broadcast(comm, std::ranges::data(data), std::ranges::data(data),

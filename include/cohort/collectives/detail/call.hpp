@@ -72,6 +72,17 @@ template <class C>
 concept deferring_communicator = eager_send_transport<typename C::transport_type> &&
     requires(C& c) { c.unchecked_headers(); };
 
+/// The most bytes a rank whose part of a call only sends can leave in the transport's buffers
+/// and return (`call::only_sends`): the transport's `eager_send_bytes` where `Comm` defers,
+/// otherwise 0.
+template <class Comm>
+inline constexpr std::size_t deferred_send_bytes = [] {
+  if constexpr (deferring_communicator<Comm>)
+    return static_cast<std::size_t>(Comm::transport_type::eager_send_bytes);
+  else
+    return std::size_t{0};
+}();
+
 /// "all_gather #17 with 4096 f32", "reduce #3 with 10 i32 sum to root 2".
 inline std::string describe(const call_header& h) {
   if (h.magic != call_header::magic_value) return "a malformed call header";
@@ -127,8 +138,7 @@ class call {
   /// seen in the call by the ranks that receive, and by this rank at its next call that waits
   /// (or once `capacity` calls are pending), which fails naming both calls.
   void only_sends(std::size_t bytes) {
-    if constexpr (deferring_communicator<Comm>)
-      defer_ = bytes <= Comm::transport_type::eager_send_bytes;
+    if constexpr (deferring_communicator<Comm>) defer_ = bytes <= deferred_send_bytes<Comm>;
   }
 
   /// Rejects bad arguments before anything is sent; does not poison.
@@ -175,7 +185,20 @@ class call {
       while (comm_.unchecked_headers().count > 0)
         if (!check_oldest()) return false;
     if (!wait_for(header_recv_, left())) return false;
-    return compare(theirs_, header_);
+    return compare(theirs_, header_, left());
+  }
+
+  /// Sends this rank's header to `peer` on a stream that carries no ring header (not to the
+  /// right neighbour), ahead of the data, for `check_header_from` there. Completes with the
+  /// data sent after it (streams are FIFO).
+  void send_header(int peer) { transport().send(peer, std::as_bytes(std::span(&header_, 1))); }
+
+  /// Receives the header `peer` sent with `send_header` and fails with `errc::mismatch` unless
+  /// it agrees; take no data from `peer` before it.
+  bool check_header_from(int peer) {
+    call_header theirs;
+    auto req = transport().recv(peer, std::as_writable_bytes(std::span(&theirs, 1)));
+    return wait(req, peer) && compare(theirs, header_, peer);
   }
 
   /// Completes the call: the header send must have been taken too.
@@ -222,10 +245,10 @@ class call {
     return fail_transport(ec, peer);
   }
 
-  bool compare(const call_header& theirs, const call_header& mine) {
+  bool compare(const call_header& theirs, const call_header& mine, int peer) {
     if (theirs == mine) return true;
-    return fail(errc::mismatch, left(),
-                "rank " + std::to_string(left()) + " called " + describe(theirs) + ", rank " +
+    return fail(errc::mismatch, peer,
+                "rank " + std::to_string(peer) + " called " + describe(theirs) + ", rank " +
                     std::to_string(rank_) + " called " + describe(mine));
   }
 
@@ -239,7 +262,7 @@ class call {
     call_header theirs, mine;
     std::memcpy(&theirs, e.theirs, sizeof theirs);
     std::memcpy(&mine, e.mine, sizeof mine);
-    return compare(theirs, mine);
+    return compare(theirs, mine, left());
   }
 
   std::string prefix() const {

@@ -1,9 +1,12 @@
 /// @file
 /// The schedules every collective is built from, written once over the transport concept:
-/// ring reduce-scatter, ring all-gather, pipelined chain broadcast and chain reduce.
+/// ring reduce-scatter, ring all-gather, pipelined chain broadcast, binomial-tree broadcast and
+/// chain reduce.
 ///
-/// All data moves rightward, rank r to rank r+1 (mod P), the same direction as the call
-/// header, so that each stream carries the header of a call before its data.
+/// Data moves rightward, rank r to rank r+1 (mod P), the same direction as the call header, so
+/// that each stream carries the header of a call before its data. The one exception, the tree
+/// broadcast's edges to a rank other than the right neighbour, sends the header along
+/// (`call::send_header`), which that rank compares before it takes the data.
 #pragma once
 
 #include <algorithm>
@@ -158,6 +161,49 @@ bool chain_broadcast(Call& c, std::byte* data, std::size_t bytes, int root) {
     }
   }
   return c.wait(out[0], c.right()) && c.wait(out[1], c.right());
+}
+
+/// The binomial tree over positions relative to the root: position v > 0 receives from v with
+/// its lowest set bit cleared, and sends to v + 2^k for every 2^k below that bit (every 2^k < P
+/// at the root), farthest first. Odd positions hang off their left neighbour; a rank's subtree
+/// holds consecutive positions. `tree_children(v, p, f)` calls f(child) for each child of v.
+constexpr int tree_parent(int v) noexcept { return v & (v - 1); }
+template <class F>
+constexpr void tree_children(int v, int p, F f) {
+  const long limit = v == 0 ? p : (v & -v);
+  long step = 1;
+  while (step * 2 < limit) step *= 2;
+  for (; step >= 1; step /= 2)
+    if (step < limit && v + step < p) f(static_cast<int>(v + step));
+}
+
+/// Binomial-tree broadcast of `bytes` from `root`, whole buffers: ceil(log2 P) hops of latency
+/// instead of the chain's P-1, at the price of the root sending the buffer ceil(log2 P) times
+/// (so it pays only where the chain cannot pipeline; `tuning::tree_broadcast_bytes`). An edge
+/// to a rank other than the sender's right neighbour carries the sender's header ahead of the
+/// data.
+template <class Call>
+bool tree_broadcast(Call& c, std::byte* data, std::size_t bytes, int root) {
+  if (bytes == 0) return true;
+  const int p = c.size(), v = (c.rank() - root + p) % p;
+  auto rank_at = [&](int pos) { return (pos + root) % p; };
+  const std::span<std::byte> all(data, bytes);
+  if (v > 0) {
+    const int parent = rank_at(tree_parent(v));
+    if (parent != c.left() && !c.check_header_from(parent)) return false;
+    if (!recv_into(c, parent, all)) return false;
+  }
+  typename Call::request sent[8 * sizeof(int)];
+  int peers[8 * sizeof(int)], n = 0;
+  tree_children(v, p, [&](int child) {
+    const int peer = rank_at(child);
+    if (peer != c.right()) c.send_header(peer);
+    peers[n] = peer;
+    sent[n++] = c.transport().send(peer, all);
+  });
+  for (int i = 0; i < n; ++i)
+    if (!c.wait(sent[i], peers[i])) return false;
+  return true;
 }
 
 /// Scratch bytes `chain_reduce` needs on a rank that is not the chain's last.
