@@ -2,18 +2,19 @@
 """Where broadcast's binomial tree stops paying: the tree against the pipelined chain.
 
 Needs two builds of cohort-bench, one that always runs the tree and one that always runs the
-chain, made with the compile definition that moves the crossover:
+chain, made with the compile definition that forces the schedule (cohort/collectives/detail/
+tuning.hpp):
 
-    meson setup build-tree  --buildtype=release -Dcpp_args=-DCOHORT_TREE_BROADCAST_BYTES=1073741824
-    meson setup build-chain --buildtype=release -Dcpp_args=-DCOHORT_TREE_BROADCAST_BYTES=0
+    meson setup build-tree  --buildtype=release -Dcpp_args=-DCOHORT_BROADCAST_SCHEDULE=1
+    meson setup build-chain --buildtype=release -Dcpp_args=-DCOHORT_BROADCAST_SCHEDULE=2
     ninja -C build-tree bench/collectives/cohort-bench tools/cohort-run
     ninja -C build-chain bench/collectives/cohort-bench
     bench/collectives/tree_or_chain.py --tree build-tree --chain build-chain --ranks 3,4,8
 
 Runs the two in interleaved rounds (tree then chain, then chain then tree, ...) for every
 transport and rank count, and prints, per size, the median over rounds of each one's p50 and
-their ratio. The crossover is the largest size below which tree/chain stays under 1
-(`tuning::tree_broadcast_bytes`). Stdlib only; exit status 1 when a run failed its checks.
+their ratio. Where tree / chain stays under 1 is where broadcast should run the tree
+(`tuning::tree_broadcast_bytes` and the rule beside it). Stdlib only; exit status 1 when a run failed its checks.
 """
 
 import argparse
