@@ -259,5 +259,10 @@ check(not wanted or cohort_torch.transport() == wanted,
 dist.barrier()
 print(f"rank {rank}: transport {cohort_torch.transport()}, "
       f"{'FAILED ' + str(len(failures)) if failures else 'all passed'}", flush=True)
+# A gloo worker thread may drop its last reference to a call's tensors just after the call
+# returns; doing that while the interpreter exits aborts the process (torch 1.13). Deleting the
+# group joins its threads (with the GIL released) before the exit.
+dist.destroy_process_group(gloo)
+del gloo
 dist.destroy_process_group()
 sys.exit(1 if failures else 0)
