@@ -1,6 +1,7 @@
 // The collective suite on the in-process transport: ranks are threads.
 #include "../support.hpp"
 
+#include "../coalescing_loopback.hpp"
 #include "suite.hpp"
 
 namespace ct = cohort::test;
@@ -9,15 +10,15 @@ namespace {
 
 constexpr int rank_counts[] = {1, 2, 3, 4, 7};
 
-template <class T, class Op>
-void run_suite(const Op& op, bool reducing_only) {
-  for (int p : rank_counts) {
+template <class T, class Op, class Transport = cohort::loopback_transport>
+void run_suite(const Op& op, bool reducing_only, std::span<const int> ps = rank_counts) {
+  for (int p : ps) {
     for (std::size_t n : ct::counts_for<T>(p)) {
       for (ct::kind k : ct::every_kind) {
         if (reducing_only != ct::reduces(k)) continue;
         const int root = p - 1 - static_cast<int>(n % static_cast<std::size_t>(p));
         INFO(ct::kind_name(k), " P=", p, " n=", n, " root=", root);
-        CHECK_NOTHROW(cohort::run_loopback(p, [&](auto& comm) {
+        CHECK_NOTHROW(cohort::run_loopback<Transport>(p, [&](auto& comm) {
           ct::check<T>(comm, k, op, n, root, 1234 + n);
         }));
       }
@@ -39,6 +40,16 @@ TEST_CASE_TEMPLATE("every reduction on the loopback transport", T, float, double
 TEST_CASE_TEMPLATE("data movement on the loopback transport", T, float, double, std::int32_t,
                    cohort::fp16, cohort::bf16) {
   run_suite<T>(cohort::ops::sum, false);
+}
+
+// Where P is a power of two, recursive doubling: its edges off the ring, its boundaries.
+TEST_CASE_TEMPLATE("every collective over a transport that coalesces sends", T, float,
+                   std::int32_t, cohort::fp16) {
+  constexpr int powers_of_two[] = {2, 4, 8};
+  run_suite<T, decltype(cohort::ops::sum), ct::coalescing_loopback>(cohort::ops::sum, true,
+                                                                     powers_of_two);
+  run_suite<T, decltype(cohort::ops::sum), ct::coalescing_loopback>(cohort::ops::sum, false,
+                                                                     powers_of_two);
 }
 
 TEST_CASE_TEMPLATE("broadcast from every root on both sides of the tree/chain crossover", T, float,

@@ -241,13 +241,18 @@ void check_rounding(Comm& comm, std::size_t n, std::uint64_t seed) {
 }
 
 // The counts every collective is checked at for P ranks: empty, one, P-1, the small/ring
-// boundary, a non-multiple of the pipeline chunk, and a prime above 10^6 (left out when
-// COHORT_TEST_SCALE thins the matrix: three chunks and seven already cross every boundary).
+// boundaries (recursive doubling's too, where the transport coalesces sends), a non-multiple of
+// the pipeline chunk, and a prime above 10^6 (left out when COHORT_TEST_SCALE thins the matrix:
+// three chunks and seven already cross every boundary).
 template <class T>
 std::vector<std::size_t> counts_for(int p) {
-  const std::size_t chunk = detail::tuning::chunk_bytes / sizeof(T);
-  const std::size_t small = detail::tuning::small_all_reduce_bytes / sizeof(T);
-  std::vector<std::size_t> n{0, 1, static_cast<std::size_t>(p - 1), small, small + 1, 3 * chunk + 7};
+  namespace tuning = detail::tuning;
+  const std::size_t chunk = tuning::chunk_bytes / sizeof(T);
+  const std::size_t small = tuning::small_all_reduce_bytes / sizeof(T);
+  const std::size_t doubling = tuning::doubling_all_reduce_bytes / sizeof(T);
+  std::vector<std::size_t> n{0, 1, static_cast<std::size_t>(p - 1), small, small + 1, doubling,
+                             doubling + 1, tuning::doubling_all_gather_bytes / sizeof(T),
+                             3 * chunk + 7};
   if (test_scale() == 1.0) n.push_back(1'000'003);
   return n;
 }

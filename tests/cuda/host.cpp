@@ -142,7 +142,7 @@ void check_fold(const HostOp& op) {
       for (std::size_t i = 0; i < n; ++i)
         x[q][i] = from_float<T>(Op == cohort::detail::builtin_reduction::prod ? 1.0f + v[i] * 1e-3f : v[i]);
     }
-    // The host reference: rank order, accumulator type, finalize, one rounding (all_reduce_small).
+    // The host reference: rank order, accumulator type, finalize, one rounding (gather_reduce).
     std::vector<T> want(n);
     for (std::size_t i = 0; i < n; ++i) {
       cohort::accumulator_t<T> acc = cohort::widen(x[0][i]);

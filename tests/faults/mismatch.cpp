@@ -120,4 +120,5 @@ TEST_CASE("mismatch matrix over shm processes") {
 TEST_CASE("mismatch matrix over tcp processes") {
   matrix(cf::kind::tcp, 2);
   matrix(cf::kind::tcp, 3);
+  matrix(cf::kind::tcp, 4);  // recursive doubling: headers on edges off the ring
 }

@@ -29,7 +29,7 @@ failure all_gather(Comm& comm, const T* in, std::size_t n, T* out, std::size_t o
   if (!c.start()) return c.result();
   if (in != mine && n > 0) std::memcpy(mine, in, n * sizeof(T));
   const std::size_t row = n * sizeof(T);
-  if (ring_all_gather(c, reinterpret_cast<std::byte*>(out), [&](int i) { return block{row * i, row}; }))
+  if (all_gather_rows(c, reinterpret_cast<std::byte*>(out), row))
     c.finish();
   return c.result();
 }
@@ -40,8 +40,10 @@ failure all_gather(Comm& comm, const T* in, std::size_t n, T* out, std::size_t o
 /// rank i's elements land at out[i*n, (i+1)*n).
 ///
 /// Every rank calls it with the same n and element type; `out` holds at least P*n elements.
-/// Schedule: ring, P-1 steps, each rank sending (P-1)*n elements. Results are bitwise copies,
-/// identical on every rank. Throws `cohort::error`.
+/// Schedule: ring, P-1 steps, each rank sending (P-1)*n elements; where P is a power of two
+/// over a transport that coalesces sends (TCP), up to 64 KiB per rank, recursive doubling:
+/// log2(P) steps, the same elements. Results are bitwise copies, identical on every rank.
+/// Throws `cohort::error`.
 template <communicator Comm, class In, class Out>
   requires detail::buffer_pair<In, Out>
 void all_gather(Comm& comm, const In& in, Out&& out, const call_options& opts = {}) {

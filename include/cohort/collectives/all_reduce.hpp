@@ -16,28 +16,30 @@
 namespace cohort {
 namespace detail {
 
-// Gathers every contribution (P-1 steps of n elements) and reduces in rank order: one
-// accumulation in accumulator_t<T> and one rounding per element, the same on every rank.
+// Gathers every rank's n elements (`all_gather_rows`) and reduces elements [b.offset,
+// b.offset + b.count) in rank order into out[0, b.count): one accumulation in accumulator_t<T>
+// and one rounding per element, the same on every rank. `in` and `out` may alias.
 template <class Call, element T, class Op>
-bool all_reduce_small(Call& c, const T* in, T* out, std::size_t n, const Op& op) {
+bool gather_reduce(Call& c, const T* in, std::size_t n, block b, T* out, const Op& op) {
   const int p = c.size();
   const std::size_t row = n * sizeof(T);
   auto rows = c.comm().scratch(row * p);
   if (n > 0) std::memcpy(rows.data() + row * c.rank(), in, row);
-  if (!ring_all_gather(c, rows.data(), [&](int i) { return block{row * i, row}; })) return false;
-  const T* x = reinterpret_cast<const T*>(rows.data());
+  if (!all_gather_rows(c, rows.data(), row)) return false;
+  const T* x = reinterpret_cast<const T*>(rows.data()) + b.offset;
+  const std::size_t k = b.count;
   if constexpr (std::same_as<accumulator_t<T>, T>) {
     // Row by row, so the loops vectorize; the same order and roundings as below.
     if (p == 2) {
-      combine_last(x, x + n, out, n, op, p);
+      combine_last(x, x + n, out, k, op, p);
     } else {
-      combine(x, x + n, out, n, op);
-      for (int q = 2; q + 1 < p; ++q) combine(out, x + q * n, out, n, op);
-      combine_last(out, x + (p - 1) * n, out, n, op, p);
+      combine(x, x + n, out, k, op);
+      for (int q = 2; q + 1 < p; ++q) combine(out, x + q * n, out, k, op);
+      combine_last(out, x + (p - 1) * n, out, k, op, p);
     }
     return true;
   }
-  for (std::size_t i = 0; i < n; ++i) {
+  for (std::size_t i = 0; i < k; ++i) {
     accumulator_t<T> acc = widen(x[i]);
     for (int q = 1; q < p; ++q) acc = op(acc, widen(x[q * n + i]));
     if constexpr (finalizing_reduction_for<Op, T>) acc = op.finalize(acc, p);
@@ -62,8 +64,10 @@ failure all_reduce(Comm& comm, const T* in, std::size_t n, T* out, std::size_t o
   bool ok = true;
   if (p == 1) {
     finalize(in, out, n, op, 1);
-  } else if (n * sizeof(T) <= tuning::small_all_reduce_bytes) {
-    ok = all_reduce_small(c, in, out, n, op);
+  } else if (const std::size_t bytes = n * sizeof(T);
+             bytes <= tuning::small_all_reduce_bytes ||
+             (bytes <= tuning::doubling_all_reduce_bytes && gathers_by_doubling(c, bytes))) {
+    ok = gather_reduce(c, in, n, block{0, n}, out, op);
   } else if constexpr (!is_commutative_v<Op>) {
     ok = chain_reduce(c, in, out, n, op, 0, comm.scratch(chain_reduce_scratch)) &&
          chain_broadcast(c, reinterpret_cast<std::byte*>(out), n * sizeof(T), p - 1);
@@ -90,7 +94,9 @@ concept all_reduce_args = buffer_pair<In, Out> && reduction_for<Op, buffer_eleme
 /// `out` holds at least `in.size()` elements; `in` and `out` may be the same buffer.
 /// Schedule: above 4 KiB, a ring reduce-scatter then a ring all-gather, 2(P-1) steps, each
 /// rank sending 2(P-1)/P of the buffer, pipelined in 256 KiB chunks; up to 4 KiB, the ranks
-/// gather every buffer (P-1 steps) and reduce locally. An op that does not commute is combined
+/// gather every buffer (P-1 steps) and reduce locally. Where P is a power of two over a
+/// transport that coalesces sends (TCP), the gather runs by recursive doubling (log2(P)
+/// steps), and up to 32 KiB (`tuning::doubling_all_reduce_bytes`). An op that does not commute is combined
 /// in rank order 0..P-1, through a chain reduce and a chain broadcast.
 /// Determinism: the combination order is fixed by P, n and the rank, never by timing, so every
 /// rank gets bitwise the same result, and repeated calls the same result. fp16 and bf16 are

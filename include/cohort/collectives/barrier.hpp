@@ -14,18 +14,19 @@ template <communicator Comm>
 failure barrier(Comm& comm, const call_options& opts) {
   call c(comm, collective::barrier, opts);
   if (!c.start()) return c.result();
-  // A ring all-gather of one byte: a rank has heard, directly or through its left neighbours,
-  // from every other rank once its P-1 steps are done.
+  // An all-gather of one byte: a rank has heard, directly or through the ranks it heard from,
+  // from every other rank once its steps are done.
   auto tokens = comm.scratch(static_cast<std::size_t>(c.size()));
-  if (ring_all_gather(c, tokens.data(), [](int i) { return block{static_cast<std::size_t>(i), 1}; }))
+  if (all_gather_rows(c, tokens.data(), 1))
     c.finish();
   return c.result();
 }
 
 }  // namespace detail
 
-/// Returns once every rank of `comm` has called `barrier`. P-1 steps of one byte each, on the
-/// ring. Throws `cohort::error` on failure.
+/// Returns once every rank of `comm` has called `barrier`: an all-gather of one byte per rank
+/// (log2(P) steps of recursive doubling where all_gather runs it, else P-1 steps on the ring).
+/// Throws `cohort::error` on failure.
 template <communicator Comm>
 void barrier(Comm& comm, const call_options& opts = {}) {
   detail::throw_if_failed(detail::barrier(comm, opts), "barrier");

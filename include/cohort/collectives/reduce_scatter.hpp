@@ -37,6 +37,10 @@ failure reduce_scatter(Comm& comm, const T* in, std::size_t n, T* out, std::size
   bool ok = true;
   if (p == 1) {
     finalize(in, out, n, op, 1);
+  } else if (const std::size_t bytes = n * sizeof(T);
+             bytes <= tuning::doubling_reduce_scatter_bytes && gathers_by_doubling(c, bytes)) {
+    // Few bytes over log2(P) hops: every input gathered, this rank's block reduced locally.
+    ok = gather_reduce(c, in, n, mine, out, op);
   } else if constexpr (!is_commutative_v<Op>) {
     // Ordered ops: reduce everything in rank order, then keep this rank's block.
     auto all = comm.scratch(n * sizeof(T) + chain_reduce_scratch);
@@ -71,7 +75,9 @@ concept reduce_scatter_args = buffer_pair<In, Out> && reduction_for<Op, buffer_e
 ///
 /// Every rank calls it with the same n, element type and op; `out` holds at least this rank's
 /// block. Schedule: ring, P-1 steps, each rank sending (P-1)/P of the buffer; ordered ops go
-/// through a rank-order chain. Determinism as in `all_reduce`: each block is combined in an
+/// through a rank-order chain. Where P is a power of two over a transport that coalesces sends
+/// (TCP), up to 4 KiB: every rank's buffer gathered by recursive doubling (log2(P) steps) and
+/// this rank's block reduced locally, in rank order. Determinism as in `all_reduce`: each block is combined in an
 /// order fixed by P, so the result does not depend on timing. Throws `cohort::error`.
 template <communicator Comm, class In, class Out, class Op>
   requires detail::reduce_scatter_args<In, Out, Op>

@@ -296,8 +296,10 @@ class loopback_transport {
 using loopback_communicator = basic_communicator<loopback_transport>;
 
 /// Runs `fn(comm)` on `ranks` threads, one `loopback_communicator` each, and joins them.
-/// Rethrows the first exception a rank threw (after every thread ended).
-template <class Fn>
+/// Rethrows the first exception a rank threw (after every thread ended). `Transport` may be a
+/// class derived from `loopback_transport` that declares other traits (such as
+/// `coalesces_sends`), so that the schedules chosen for them run between threads too.
+template <class Transport = loopback_transport, class Fn>
 void run_loopback(int ranks, Fn&& fn) {
   auto world = std::make_shared<loopback_world>(ranks);
   std::vector<std::exception_ptr> errors(ranks);
@@ -306,7 +308,7 @@ void run_loopback(int ranks, Fn&& fn) {
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
       try {
-        loopback_communicator comm(loopback_transport(world, r));
+        basic_communicator<Transport> comm(Transport(world, r));
         fn(comm);
       } catch (...) {
         errors[r] = std::current_exception();

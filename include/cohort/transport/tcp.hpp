@@ -122,6 +122,11 @@ class tcp_transport {
   /// wait for their deadline.
   static constexpr std::size_t eager_send_bytes = 16 * 1024;
 
+  /// Sends posted before a wait leave together, one `sendmsg` per peer: a call header sent
+  /// ahead of a payload costs no handoff of its own, so schedules with edges off the ring
+  /// (recursive doubling) pay for their extra headers in bytes only.
+  static constexpr bool coalesces_sends = true;
+
   /// Sets up rank `info.rank` of `info.size` through store `s` (see the file comment); rank 0
   /// does not host anything here. Throws `cohort::error` (timed_out naming the ranks that never
   /// arrived, protocol_error, invalid_argument...).

@@ -65,6 +65,11 @@ concept eager_send_transport = requires {
   { T::eager_send_bytes } -> std::convertible_to<std::size_t>;
 };
 
+/// A transport whose sends posted before a wait leave together, one handoff per peer: a call
+/// header sent ahead of a payload costs no handoff of its own.
+template <class T>
+concept coalescing_transport = T::coalesces_sends;
+
 /// A communicator that keeps call headers for later calls to compare, over such a transport:
 /// there a rank whose part of a small call only sends returns without waiting for its left
 /// neighbour's header, which the next call that waits compares first.

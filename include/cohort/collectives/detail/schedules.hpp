@@ -1,12 +1,13 @@
 /// @file
 /// The schedules every collective is built from, written once over the transport concept:
-/// ring reduce-scatter, ring all-gather, pipelined chain broadcast, binomial-tree broadcast and
-/// chain reduce.
+/// ring reduce-scatter, ring and recursive-doubling all-gather, pipelined chain broadcast,
+/// binomial-tree broadcast and chain reduce.
 ///
 /// Data moves rightward, rank r to rank r+1 (mod P), the same direction as the call header, so
-/// that each stream carries the header of a call before its data. The one exception, the tree
-/// broadcast's edges to a rank other than the right neighbour, sends the header along
-/// (`call::send_header`), which that rank compares before it takes the data.
+/// that each stream carries the header of a call before its data. The exceptions, the tree
+/// broadcast's and the recursive doubling's edges to a rank other than the right neighbour,
+/// send the header along (`call::send_header`), which that rank compares before it takes the
+/// data.
 #pragma once
 
 #include <algorithm>
@@ -132,6 +133,43 @@ bool ring_all_gather(Call& c, std::byte* data, BlockAt block_at) {
     if (!c.wait(req, c.right())) return false;
   }
   return true;
+}
+
+/// Recursive-doubling all-gather over `data`, P rows of `row` bytes in rank order, P a power
+/// of two: at the step of distance d = 1, 2, 4, ..., rank r swaps the d rows it holds (from
+/// r with its low log2(d) bits cleared) with rank r^d. The ring's bytes (P-1 rows) in log2(P)
+/// hops instead of P-1. An exchange with a rank other than a ring neighbour carries the
+/// sender's header ahead of the data.
+template <class Call>
+bool doubling_all_gather(Call& c, std::byte* data, std::size_t row) {
+  const int p = c.size(), r = c.rank();
+  if (row == 0) return true;
+  for (int d = 1; d < p; d *= 2) {
+    const int q = r ^ d;
+    const std::span<const std::byte> have(data + row * (r & ~(d - 1)), row * d);
+    if (q != c.right()) c.send_header(q);
+    auto sent = c.transport().send(q, have);
+    if (q != c.left() && !c.check_header_from(q)) return false;
+    if (!recv_into(c, q, {data + row * (q & ~(d - 1)), row * d})) return false;
+    if (!c.wait(sent, q)) return false;
+  }
+  return true;
+}
+
+/// Whether P rows of `row` bytes are gathered by recursive doubling rather than the ring
+/// (`tuning::doubling_all_gather_bytes`).
+template <class Call>
+bool gathers_by_doubling(Call& c, std::size_t row) {
+  const int p = c.size();
+  return coalescing_transport<std::remove_reference_t<decltype(c.transport())>> &&
+         (p & (p - 1)) == 0 && row <= tuning::doubling_all_gather_bytes;
+}
+
+/// All-gather of P rows of `row` bytes in rank order, by recursive doubling or the ring.
+template <class Call>
+bool all_gather_rows(Call& c, std::byte* data, std::size_t row) {
+  if (gathers_by_doubling(c, row)) return doubling_all_gather(c, data, row);
+  return ring_all_gather(c, data, [&](int i) { return block{row * i, row}; });
 }
 
 /// Pipelined chain broadcast of `bytes` along root, root+1, ..., root-1: each rank forwards
