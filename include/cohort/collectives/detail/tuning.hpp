@@ -21,9 +21,9 @@ inline constexpr std::size_t small_all_reduce_bytes = 4 * 1024;
 /// every rank's whole buffer that way and reduce locally, up to `doubling_all_reduce_bytes` and
 /// `doubling_reduce_scatter_bytes` (reduce_scatter's ring moves only 1/P of the buffer per hop,
 /// so the gather pays less long). Measured at P = 4 over TCP on 2 cpus, time over the ring's
-/// (bench/RESULTS.md, "Recursive doubling"): all_gather 0.64 to 0.84x from 4 B to 64 KiB per
-/// rank; all_reduce 0.76 to 0.82x up to 4 KiB, 0.45 to 0.62x from 8 to 32 KiB, 0.69 to 0.94x
-/// at 64 KiB; reduce_scatter 0.73 to 0.78x up to 4 KiB, 1.07x at 8 and 16 KiB, 1.6x at 32 KiB.
+/// (bench/RESULTS.md, "Recursive doubling"): all_gather 0.64 to 0.87x from 4 B to 64 KiB per
+/// rank; all_reduce 0.76 to 0.88x up to 4 KiB, 0.45 to 0.64x from 8 to 32 KiB, 0.69 to 0.94x
+/// at 64 KiB; reduce_scatter 0.73 to 0.99x up to 4 KiB, 1.07x at 8 and 16 KiB, 1.6x at 32 KiB.
 /// Over shared memory, where each header is a handoff of its own, all_gather ran 1.1 to 1.5x
 /// the ring's time, so shm keeps the ring.
 inline constexpr std::size_t doubling_all_gather_bytes = 64 * 1024;
