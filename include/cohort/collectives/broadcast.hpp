@@ -25,13 +25,13 @@ failure broadcast(Comm& comm, const T* in, T* data, std::size_t n, int root,
                      std::to_string(c.size())), c.result();
   if (c.rank() == root && partly_overlap(in, n, static_cast<const T*>(data), n))
     return c.invalid("input and output overlap without being the same buffer"), c.result();
-  const int p = c.size(), pos = (c.rank() - root + p) % p;
+  const int p = c.size();
   const std::size_t bytes = n * sizeof(T);
   using tuning::broadcast_schedule;
   const bool tree = tuning::broadcast_choice == broadcast_schedule::tree ||
                     (tuning::broadcast_choice == broadcast_schedule::by_size && p >= 4 &&
                      bytes > deferred_send_bytes<Comm> && bytes <= tuning::tree_broadcast_bytes);
-  if (pos == 0) c.only_sends(bytes);
+  if (c.rank() == root) c.only_sends(bytes);
   if (!c.start()) return c.result();
   if (c.rank() == root && in != data && n > 0) std::memcpy(data, in, bytes);
   auto* d = reinterpret_cast<std::byte*>(data);
