@@ -17,6 +17,8 @@
 #include <map>
 #include <memory>
 
+#include <cohort/transport/detail/tcp_wire.hpp>
+
 #include "process.hpp"
 
 #include "../collectives/suite.hpp"
@@ -712,12 +714,12 @@ namespace {
 // Sets up rank `rank` of 2 of tcp job `job` with token `token`, meeting at the file store in
 // `dir`; records how the setup ended in `rep` (completed, or the error).
 void tcp_setup_rank(const std::string& dir, const std::string& job, int rank,
-                    const std::string& token, cf::rank_report& rep) {
+                    const std::string& token, cf::rank_report& rep, int size = 2) {
   cohort::file_store st(dir);
   cf::job_spec spec;
   spec.transport = cf::kind::tcp;
   spec.job = job;
-  spec.size = 2;
+  spec.size = size;
   auto o = cf::tcp_test_options(2s);
   o.token = token;
   try {
@@ -805,6 +807,109 @@ TEST_CASE("rendezvous: a tcp peer killed during the handshake is peer_lost namin
   CHECK(rep.peer == 0);
   CHECK(std::string(rep.what).find("refused") != std::string::npos);
   CHECK(std::string(rep.what).find("COHORT_TOKEN") != std::string::npos);
+}
+
+namespace {
+
+// A stand-in for rank `rank` of a tcp job meeting at the file store in `dir`: listens on
+// loopback, publishes its address, accepts one connection, reads the hello, then `after(fd)`.
+template <class After>
+pid_t fake_tcp_rank(const std::string& dir, const std::string& job, int rank, int size,
+                    After after) {
+  return cf::spawn(rank, [&, after](int) -> int {
+    const int ls = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(ls, 8) != 0) return 2;
+    ::getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len);
+    cohort::file_store st(dir);
+    st.set("cohort/" + job + "/addr/" + std::to_string(rank),
+           "127.0.0.1 " + std::to_string(ntohs(a.sin_port)) + " " + std::to_string(size));
+    const int c = ::accept(ls, nullptr, nullptr);
+    char hello[cohort::detail::tcp::hello_size];
+    std::size_t got = 0;
+    while (got < sizeof hello) {
+      const ssize_t n = ::read(c, hello + got, sizeof hello - got);
+      if (n <= 0) return 3;
+      got += static_cast<std::size_t>(n);
+    }
+    return after(c);
+  });
+}
+
+}  // namespace
+
+// A rank whose setup fails while a handshake is half done (its hello sent, the answer not read)
+// may leave a peer that took the connection for made: that peer adopts it once it has the
+// hello and answered. Such a peer runs an engine on it and must hear why this rank left, not
+// find it gone and blame it ("lost rank 2" from a rank 2 that lives and reported the true
+// cause: the race the rendezvous kill matrix found). Here rank 2 of 3 connects to fakes of
+// ranks 0 and 1; rank 1 dies after the hello; rank 0 reads the hello and never answers: what
+// follows the hello on rank 0's socket must be an abort frame from rank 2 naming rank 1. (Rank 1
+// dies once rank 0 has the hello, so that both handshakes are under way.)
+TEST_CASE("rendezvous: a tcp setup that fails mid-handshake tells the peer that has its hello "
+          "why") {
+  namespace wire = cohort::detail::tcp;
+  char dir_template[] = "/tmp/cohort-faults-XXXXXX";
+  REQUIRE(::mkdtemp(dir_template) != nullptr);
+  const std::string dir = dir_template, job = cf::unique_job("hsh");
+  cf::report_board board(3);
+  cf::rank_report& heard = board[0];
+  int has_hello[2];
+  REQUIRE(::pipe(has_hello) == 0);
+  const pid_t fake0 = fake_tcp_rank(dir, job, 0, 3, [&heard, &has_hello](int c) -> int {
+    [[maybe_unused]] auto w = ::write(has_hello[1], "h", 1);
+    std::byte frame[wire::frame_header_size + wire::max_control_frame];
+    std::size_t got = 0;
+    pollfd pfd{c, POLLIN, 0};
+    while (got < sizeof frame && ::poll(&pfd, 1, 10'000) == 1) {
+      const ssize_t n = ::read(c, frame + got, sizeof frame - got);
+      if (n <= 0) break;
+      got += static_cast<std::size_t>(n);
+    }
+    const auto h = got >= wire::frame_header_size ? wire::decode_frame_header(frame)
+                                                  : std::nullopt;
+    if (!h || h->type != wire::frame_type::abort || got < wire::frame_header_size + h->length) {
+      cf::copy_text(heard.what, sizeof heard.what,
+                    "no abort frame after the hello (" + std::to_string(got) + " bytes)");
+    } else if (auto f = wire::decode_abort(frame + wire::frame_header_size, h->length, 3)) {
+      cf::record(heard, f->code, f->peer, f->what);
+    } else {
+      cf::copy_text(heard.what, sizeof heard.what, "a malformed abort frame");
+    }
+    heard.written = 1;
+    return 0;
+  });
+  const pid_t fake1 = fake_tcp_rank(dir, job, 1, 3, [&has_hello](int) -> int {
+    pollfd pfd{has_hello[0], POLLIN, 0};
+    ::poll(&pfd, 1, 10'000);
+    ::raise(SIGKILL);
+    return 3;
+  });
+  const pid_t rank2 = cf::spawn(2, [&](int) -> int {
+    tcp_setup_rank(dir, job, 2, "t", board[2], 3);
+    return 0;
+  });
+  const auto status = cf::reap({fake0, fake1, rank2}, 20s);
+  ::close(has_hello[0]);
+  ::close(has_hello[1]);
+  std::filesystem::remove_all(dir);
+  CHECK(status[0] == 0);
+  CHECK(status[1] == -SIGKILL);
+  CHECK(status[2] == 0);
+  INFO("rank 2: ", cf::code_name(board[2].code), ", peer ", board[2].peer, ": ", board[2].what);
+  REQUIRE(board[2].written == 1);
+  CHECK(board[2].completed == 0);
+  CHECK(board[2].code == static_cast<int>(errc::peer_lost));
+  CHECK(board[2].peer == 1);
+  INFO("what rank 0 heard after the hello: ", cf::code_name(heard.code), ", origin ", heard.peer,
+       ": ", heard.what);
+  REQUIRE(heard.written == 1);
+  CHECK(heard.peer == 2);
+  CHECK(heard.code == static_cast<int>(errc::peer_lost));
+  CHECK(std::string(heard.what).find("lost rank 1 ") != std::string::npos);
 }
 
 // A rank that times out on a peer that stopped reading (a straggler, its socket buffers full)

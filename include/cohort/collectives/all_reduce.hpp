@@ -96,8 +96,8 @@ concept all_reduce_args = buffer_pair<In, Out> && reduction_for<Op, buffer_eleme
 /// rank sending 2(P-1)/P of the buffer, pipelined in 256 KiB chunks; up to 4 KiB, the ranks
 /// gather every buffer (P-1 steps) and reduce locally. Where P is a power of two over a
 /// transport that coalesces sends (TCP), the gather runs by recursive doubling (log2(P)
-/// steps), and up to 32 KiB (`tuning::doubling_all_reduce_bytes`). An op that does not commute is combined
-/// in rank order 0..P-1, through a chain reduce and a chain broadcast.
+/// steps), and up to 32 KiB (`tuning::doubling_all_reduce_bytes`). An op that does not
+/// commute is combined in rank order 0..P-1, through a chain reduce and a chain broadcast.
 /// Determinism: the combination order is fixed by P, n and the rank, never by timing, so every
 /// rank gets bitwise the same result, and repeated calls the same result. fp16 and bf16 are
 /// combined in fp32 and rounded once per step. Throws `cohort::error` on failure.

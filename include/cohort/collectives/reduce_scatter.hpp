@@ -77,8 +77,9 @@ concept reduce_scatter_args = buffer_pair<In, Out> && reduction_for<Op, buffer_e
 /// block. Schedule: ring, P-1 steps, each rank sending (P-1)/P of the buffer; ordered ops go
 /// through a rank-order chain. Where P is a power of two over a transport that coalesces sends
 /// (TCP), up to 4 KiB: every rank's buffer gathered by recursive doubling (log2(P) steps) and
-/// this rank's block reduced locally, in rank order. Determinism as in `all_reduce`: each block is combined in an
-/// order fixed by P, so the result does not depend on timing. Throws `cohort::error`.
+/// this rank's block reduced locally, in rank order. Determinism as in `all_reduce`: each
+/// block is combined in an order fixed by P, so the result does not depend on timing. Throws
+/// `cohort::error`.
 template <communicator Comm, class In, class Out, class Op>
   requires detail::reduce_scatter_args<In, Out, Op>
 void reduce_scatter(Comm& comm, const In& in, Out&& out, const Op& op,

@@ -128,7 +128,8 @@ bool ring_all_gather(Call& c, std::byte* data, BlockAt block_at) {
   const int p = c.size(), r = c.rank();
   for (int s = 0; s + 1 < p; ++s) {
     const block sb = block_at((r - s + p) % p), rb = block_at((r - s - 1 + p) % p);
-    auto req = c.transport().send(c.right(), std::span<const std::byte>(data + sb.offset, sb.count));
+    auto req =
+        c.transport().send(c.right(), std::span<const std::byte>(data + sb.offset, sb.count));
     if (!recv_into(c, c.left(), {data + rb.offset, rb.count})) return false;
     if (!c.wait(req, c.right())) return false;
   }

@@ -71,7 +71,9 @@ struct mesh_config {
   std::function<void(std::string_view)> log;
 };
 
-/// The mesh's outcome: a socket per peer, or what went wrong.
+/// The mesh's outcome: a socket per peer, or what went wrong. On failure, `fds` holds every
+/// socket whose peer may take it for handshaken (its handshake done, or this rank's half of it
+/// sent), so that the caller can tell those peers why this rank leaves.
 struct mesh {
   std::vector<net::unique_fd> fds;
   std::vector<std::string> addresses;
@@ -96,6 +98,7 @@ class mesh_builder {
   mesh_builder(const mesh_config& cfg, store& s) : cfg_(cfg), store_(s), acceptor_(ioc_) {
     result_.fds.resize(static_cast<std::size_t>(cfg.size));
     result_.addresses.resize(static_cast<std::size_t>(cfg.size));
+    in_handshake_.resize(static_cast<std::size_t>(cfg.size));
   }
 
   mesh run() {
@@ -165,15 +168,17 @@ class mesh_builder {
     for (int q = 0; q < cfg_.rank; ++q)
       asio::co_spawn(ioc_, connect_to(q, peers[q]), asio::detached);
     ioc_.run_until(cfg_.until);
-    if (result_.error.code) return std::move(result_);
+    if (result_.error.code) return failed_mesh();
     std::vector<int> absent;
     for (int q = 0; q < cfg_.size; ++q)
       if (q != cfg_.rank && !result_.fds[q]) absent.push_back(q);
-    if (!absent.empty())
-      return fail(make_error_code(errc::timed_out), absent.front(),
-                  "rendezvous: no handshaken connection with " + describe_ranks(absent) +
-                      " by the deadline" +
-                      (last_problem_.empty() ? "" : " (last problem: " + last_problem_ + ")"));
+    if (!absent.empty()) {
+      note(make_error_code(errc::timed_out), absent.front(),
+           "rendezvous: no handshaken connection with " + describe_ranks(absent) +
+               " by the deadline" +
+               (last_problem_.empty() ? "" : " (last problem: " + last_problem_ + ")"));
+      return failed_mesh();
+    }
     return std::move(result_);
   }
 
@@ -187,6 +192,37 @@ class mesh_builder {
     if (!result_.error.code) result_.error = {ec, peer, std::move(what)};
     ioc_.stop();
   }
+
+  // The failed mesh once the connections were under way: a handshake stopped half-way may be
+  // done for the peer (it adopts the socket once it has this rank's hello, or sent its own),
+  // which then runs an engine on it and must hear why this rank left, not find it gone.
+  mesh failed_mesh() {
+    for (int q = 0; q < cfg_.size; ++q) {
+      if (!in_handshake_[q] || result_.fds[q]) continue;
+      boost::system::error_code ig;
+      const int fd = in_handshake_[q]->release(ig);
+      if (fd >= 0) result_.fds[q].reset(fd);
+    }
+    return std::move(result_);
+  }
+
+  // The socket of a handshake with `q` whose half from this rank may have reached it, from
+  // just before this rank writes its hello until the handshake ends (the first of two that
+  // claim the same rank: the second is refused).
+  struct handshake_mark {
+    std::vector<tcp::socket*>& marks;
+    int q;
+    bool mine;
+    handshake_mark(std::vector<tcp::socket*>& m, int peer, tcp::socket& s)
+        : marks(m), q(peer), mine(!m[peer]) {
+      if (mine) marks[q] = &s;
+    }
+    ~handshake_mark() {
+      if (mine) marks[q] = nullptr;
+    }
+    handshake_mark(const handshake_mark&) = delete;
+    handshake_mark& operator=(const handshake_mark&) = delete;
+  };
 
   // How often a waiting rank looks for a rank that says the job has another size.
   static constexpr std::chrono::milliseconds disagreement_poll{100};
@@ -388,6 +424,7 @@ class mesh_builder {
       co_return;
     }
     const auto out = encode_hello({cfg_.rank, cfg_.size, cfg_.job_id, cfg_.token});
+    handshake_mark mark(in_handshake_, peer.rank, s);
     auto [we, wn] =
         co_await asio::async_write(s, asio::buffer(out), asio::as_tuple(asio::use_awaitable));
     w.cancel();
@@ -436,6 +473,7 @@ class mesh_builder {
     watchdog(w, s, std::min(cfg_.until, clock::now() + cfg_.handshake_timeout));
     const auto out = encode_hello({cfg_.rank, cfg_.size, cfg_.job_id, cfg_.token});
     std::array<std::byte, hello_size> in{};
+    handshake_mark mark(in_handshake_, q, s);
     auto [we, wn] =
         co_await asio::async_write(s, asio::buffer(out), asio::as_tuple(asio::use_awaitable));
     boost::system::error_code re = we;
@@ -477,6 +515,9 @@ class mesh_builder {
 
   const mesh_config& cfg_;
   store& store_;
+  // Per peer, see handshake_mark. Declared before ioc_: the coroutine frames that ioc_ destroys
+  // still clear their marks.
+  std::vector<tcp::socket*> in_handshake_;
   asio::io_context ioc_{1};
   tcp::acceptor acceptor_;
   mesh result_;
