@@ -33,7 +33,7 @@ void check_mismatch_matrix(int p) {
 }  // namespace
 
 TEST_CASE("mismatch matrix: every pair of collectives and every differing argument") {
-  CHECK(cohort::test::mismatch_cases().size() == 30 + 15);
+  CHECK(cohort::test::mismatch_cases().size() == 30 + 17);
   for (int p : {2, 3, 4}) check_mismatch_matrix<cohort::loopback_transport>(p);
   // Recursive doubling, where edges off the ring carry their own headers.
   for (int p : {4, 8}) check_mismatch_matrix<cohort::test::coalescing_loopback>(p);

@@ -98,8 +98,12 @@ inline std::vector<std::pair<call_spec, call_spec>> mismatch_cases() {
     cases.push_back({{.kind = k}, {.kind = k, .f64 = true}});
     if (k == call_kind::all_reduce || k == call_kind::reduce_scatter || k == call_kind::reduce)
       cases.push_back({{.kind = k}, {.kind = k, .max = true}});
-    if (k == call_kind::broadcast || k == call_kind::reduce)
+    if (k == call_kind::broadcast || k == call_kind::reduce) {
       cases.push_back({{.kind = k}, {.kind = k, .root = 1}});
+      // At P = 2 the two ranks then take each other for the root: each waits for the other's
+      // data, and only the call headers tell them why.
+      cases.push_back({{.kind = k, .root = 1}, {.kind = k}});
+    }
   }
   return cases;
 }

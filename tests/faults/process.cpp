@@ -731,6 +731,34 @@ void tcp_setup_rank(const std::string& dir, const std::string& job, int rank,
   rep.written = 1;
 }
 
+// A stand-in for rank `rank` of a tcp job meeting at the file store in `dir`: listens on
+// loopback, publishes its address, accepts one connection, reads the hello, then `after(fd)`.
+template <class After>
+pid_t fake_tcp_rank(const std::string& dir, const std::string& job, int rank, int size,
+                    After after) {
+  return cf::spawn(rank, [&, after](int) -> int {
+    const int ls = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(ls, 8) != 0) return 2;
+    ::getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len);
+    cohort::file_store st(dir);
+    st.set("cohort/" + job + "/addr/" + std::to_string(rank),
+           "127.0.0.1 " + std::to_string(ntohs(a.sin_port)) + " " + std::to_string(size));
+    const int c = ::accept(ls, nullptr, nullptr);
+    char hello[cohort::detail::tcp::hello_size];
+    std::size_t got = 0;
+    while (got < sizeof hello) {
+      const ssize_t n = ::read(c, hello + got, sizeof hello - got);
+      if (n <= 0) return 3;
+      got += static_cast<std::size_t>(n);
+    }
+    return after(c);
+  });
+}
+
 }  // namespace
 
 // A peer that dies during the handshake (its process killed after reading our hello) closes the
@@ -744,24 +772,7 @@ TEST_CASE("rendezvous: a tcp peer killed during the handshake is peer_lost namin
   const std::string dir = dir_template, job = cf::unique_job("hs");
   cf::report_board board(2);
   // Rank 0 of 2: listens, publishes its address, reads the hello of rank 1, dies.
-  const pid_t fake = cf::spawn(0, [&](int) -> int {
-    const int ls = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(ls, 8) != 0) return 2;
-    ::getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len);
-    cohort::file_store st(dir);
-    st.set("cohort/" + job + "/addr/0", "127.0.0.1 " + std::to_string(ntohs(a.sin_port)));
-    const int c = ::accept(ls, nullptr, nullptr);
-    char hello[256];
-    std::size_t got = 0;
-    while (got < sizeof hello) {
-      const ssize_t n = ::read(c, hello + got, sizeof hello - got);
-      if (n <= 0) break;
-      got += static_cast<std::size_t>(n);
-    }
+  const pid_t fake = fake_tcp_rank(dir, job, 0, 2, [](int) -> int {
     ::raise(SIGKILL);
     return 3;
   });
@@ -808,38 +819,6 @@ TEST_CASE("rendezvous: a tcp peer killed during the handshake is peer_lost namin
   CHECK(std::string(rep.what).find("refused") != std::string::npos);
   CHECK(std::string(rep.what).find("COHORT_TOKEN") != std::string::npos);
 }
-
-namespace {
-
-// A stand-in for rank `rank` of a tcp job meeting at the file store in `dir`: listens on
-// loopback, publishes its address, accepts one connection, reads the hello, then `after(fd)`.
-template <class After>
-pid_t fake_tcp_rank(const std::string& dir, const std::string& job, int rank, int size,
-                    After after) {
-  return cf::spawn(rank, [&, after](int) -> int {
-    const int ls = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(ls, 8) != 0) return 2;
-    ::getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len);
-    cohort::file_store st(dir);
-    st.set("cohort/" + job + "/addr/" + std::to_string(rank),
-           "127.0.0.1 " + std::to_string(ntohs(a.sin_port)) + " " + std::to_string(size));
-    const int c = ::accept(ls, nullptr, nullptr);
-    char hello[cohort::detail::tcp::hello_size];
-    std::size_t got = 0;
-    while (got < sizeof hello) {
-      const ssize_t n = ::read(c, hello + got, sizeof hello - got);
-      if (n <= 0) return 3;
-      got += static_cast<std::size_t>(n);
-    }
-    return after(c);
-  });
-}
-
-}  // namespace
 
 // A rank whose setup fails while a handshake is half done (its hello sent, the answer not read)
 // may leave a peer that took the connection for made: that peer adopts it once it has the

@@ -29,7 +29,8 @@
 ///
 /// **Failures.** `abort` sends the failure (code, rank, up to 1 KiB of text) to every peer on
 /// the abort communicator; their waits then fail with that code and their `remote_failure()`
-/// returns it. MPI cannot withdraw a send (or a receive it already matched), so `abort` lets the
+/// returns it. A rank that fails because a peer aborted passes that abort on unchanged (its
+/// rank and words), so every rank blames the rank that aborted first. MPI cannot withdraw a send (or a receive it already matched), so `abort` lets the
 /// operations in flight finish for up to 100 ms; the peers stop matching this rank's messages
 /// once they see its abort. MPI offers no portable way to learn that a peer died: under
 /// `mpirun` a rank that dies ends the job, and a peer that stops answering shows as

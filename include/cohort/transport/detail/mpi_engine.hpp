@@ -58,7 +58,8 @@ inline std::string error_string(int code) {
   return std::string(text, static_cast<std::size_t>(std::max(len, 0)));
 }
 
-// The abort message: the code (its category as a number), the rank and up to 1 KiB of text.
+// The abort message: the code (its category as a number), the rank whose failure it is (the
+// sender, or the peer whose abort it passes on) and up to 1 KiB of text.
 inline constexpr std::size_t abort_text_bytes = 1024;
 struct abort_message {
   std::int32_t category = 0;  // 0 cohort, 1 generic, 2 system
@@ -208,12 +209,17 @@ class engine {
     }
     local_abort_ = true;
     if (!failed_) failed_ = f.code ? f.code : make_error_code(errc::aborted);
-    outgoing_.category = category_id(f.code.category());
-    outgoing_.value = outgoing_.category < 0 ? static_cast<int>(errc::aborted) : f.code.value();
+    // A rank that fails because a peer aborted passes that peer's abort on, naming it: the
+    // others may hear this rank before they hear the peer (messages from two sources are not
+    // ordered), and must blame the same rank for the same cause.
+    const failure& cause = remote_ ? *remote_ : f;
+    outgoing_.category = category_id(cause.code.category());
+    outgoing_.value =
+        outgoing_.category < 0 ? static_cast<int>(errc::aborted) : cause.code.value();
     if (outgoing_.category < 0) outgoing_.category = 0;
-    outgoing_.rank = rank_;
-    outgoing_.length = static_cast<std::uint32_t>(std::min(f.what.size(), abort_text_bytes));
-    std::memcpy(outgoing_.text, f.what.data(), outgoing_.length);
+    outgoing_.rank = remote_ ? remote_->peer : rank_;
+    outgoing_.length = static_cast<std::uint32_t>(std::min(cause.what.size(), abort_text_bytes));
+    std::memcpy(outgoing_.text, cause.what.data(), outgoing_.length);
     const int bytes = static_cast<int>(offsetof(abort_message, text) + outgoing_.length);
     abort_sends_.assign(static_cast<std::size_t>(size_), MPI_REQUEST_NULL);
     for (int q = 0; q < size_; ++q)
@@ -315,11 +321,13 @@ class engine {
     if (m.category == 1) code = std::error_code(m.value, std::generic_category());
     if (m.category == 2) code = std::error_code(m.value, std::system_category());
     if (!code) code = make_error_code(errc::aborted);
+    // The rank whose failure it is: the sender, or the rank whose abort the sender passes on.
+    const int origin = m.rank >= 0 && m.rank < size_ ? m.rank : st.MPI_SOURCE;
     try {
-      remote_ = failure{code, st.MPI_SOURCE,
+      remote_ = failure{code, origin,
                         std::string(m.text, std::min<std::size_t>(m.length, abort_text_bytes))};
     } catch (...) {
-      remote_ = failure{code, st.MPI_SOURCE, {}};
+      remote_ = failure{code, origin, {}};
     }
     remote_first_ = !local_abort_;
     if (!failed_) failed_ = code;
