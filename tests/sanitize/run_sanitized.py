@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import shlex
 import subprocess
 import sys
@@ -27,6 +28,22 @@ import time
 # configured.
 EXCLUDED_SUITES = ("bench", "cuda", "full", "mpi", "torch")
 EXCLUDED_TESTS = ("fuzz run",)
+
+
+# Where a failed test's output says what went wrong: a sanitizer's report, a doctest failure,
+# an exception or an assertion.
+FIRST_WORDS = re.compile(r"WARNING: ThreadSanitizer|ERROR: \w+Sanitizer|runtime error:|"
+                         r"ERROR: |FATAL ERROR|terminate called|Assertion .* failed|Traceback")
+
+
+def excerpt(output, lines=40):
+    """The part of a failed test's output worth reading first: from the first line that says
+    what went wrong, else its end. CI shows only the end of the whole run's output, so the
+    failures are printed again after the counts of the nested run."""
+    text = output.splitlines()
+    first = next((i for i, line in enumerate(text) if FIRST_WORDS.search(line)), None)
+    chosen = text[first:first + lines] if first is not None else text[-lines:]
+    return "\n".join("    | " + line[:200] for line in chosen)
 
 
 def run(cmd, env=None, cwd=None):
@@ -100,10 +117,16 @@ def main():
     t_test = time.monotonic() - t1
 
     counts = {}
+    failed = []
     log = build / "meson-logs" / "testlog-full.json"
     for line in log.read_text().splitlines() if log.exists() else []:
         r = json.loads(line)
         counts[r["result"]] = counts.get(r["result"], 0) + 1
+        if r["result"] not in ("OK", "SKIP", "EXPECTEDFAIL"):
+            failed.append(r)
+    for r in failed:
+        print(f"failed under -fsanitize={a.sanitize}: {r['name']} ({r['result']}, "
+              f"{r['duration']:.1f} s)\n{excerpt(r.get('stdout') or '')}", flush=True)
     print(f"-fsanitize={a.sanitize}: build {t_build:.0f} s, tests {t_test:.0f} s; "
           + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())), flush=True)
     return rc

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -127,18 +128,20 @@ cohort::tcp_options loopback_options(log_sink* sink = nullptr, bool v6 = false) 
 // Two engines joined by a socket pair: the data path without any setup.
 struct engine_pair {
   std::unique_ptr<tcpd::engine> a, b;
-  engine_pair() {
+  explicit engine_pair(std::chrono::milliseconds abort_grace = 10ms) {
     int sv[2];
     REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) == 0);
-    a = make(0, sv[0]);
-    b = make(1, sv[1]);
+    a = make(0, sv[0], abort_grace);
+    b = make(1, sv[1], abort_grace);
   }
-  static std::unique_ptr<tcpd::engine> make(int rank, int fd) {
+  static std::unique_ptr<tcpd::engine> make(int rank, int fd,
+                                            std::chrono::milliseconds abort_grace = 10ms) {
     std::vector<net::unique_fd> fds(2);
     fds[1 - rank].reset(fd);
     tcpd::engine_options o;
     o.spin = 0us;
-    o.abort_linger = 200ms;
+    o.abort_linger = std::max<std::chrono::milliseconds>(200ms, abort_grace);
+    o.abort_grace = abort_grace;
     return std::make_unique<tcpd::engine>(rank, 2, std::move(fds),
                                           std::vector<std::string>{"a", "b"}, o);
   }
@@ -494,8 +497,11 @@ TEST_CASE("tcp engine: a timeout says timed_out and leaves the stream usable") {
 }
 
 TEST_CASE("tcp engine: abort finishes the half-sent frame, and the peer learns who and why") {
-  engine_pair p;
   // A send larger than the socket buffer leaves a frame half written when the sender aborts.
+  // Its last wait timed out, so the abort tries only for the grace past that deadline: long
+  // enough here for the reader to take the rest of the frame (megabytes) on a loaded machine or
+  // under a sanitizer, which the default 10 ms is not.
+  engine_pair p(10s);
   const auto big = pattern(8u << 20, 6);
   auto s = p.a->send(1, big);
   std::error_code ec;
