@@ -154,7 +154,13 @@ void run(store& s, const options& o, state& st, MakeComm make_comm, Train&& trai
         m.go_on(gen, lost);  // registered before the communicator closes (membership.hpp)
       } catch (const error& e) {
         if (!recoverable(e.code())) throw;
-        if (e.code() == errc::peer_lost && e.peer() >= 0) lost.push_back(e.peer());
+        // A peer that failed first and aborted passes its own cause on, naming itself: rank 0
+        // that lost rank 3 makes rank 1 fail with peer_lost from rank 0. Only a loss this
+        // rank saw itself names the lost rank; reporting the messenger as lost would end the
+        // next generation's wait for it (membership.hpp), and it would be left out.
+        const failure* relayed = comm.transport().remote_failure();
+        if (e.code() == errc::peer_lost && e.peer() >= 0 && !(relayed && relayed->peer == e.peer()))
+          lost.push_back(e.peer());
         failed = true;
         comm.abort("elastic: " + std::string(e.what()));
         m.go_on(gen, lost);
