@@ -35,6 +35,7 @@ struct job {
   int servers = 1, size = 3;
   std::string id = {};
   int port = 0;
+  std::chrono::milliseconds timeout = 4000ms;  // every call's
 };
 
 template <class Fn>
@@ -44,7 +45,7 @@ int run_rank(const job& j, int rank, Fn&& fn) {
       cohort::shm_options o;
       o.liveness_interval = 100ms;
       cohort::shm_communicator comm(std::in_place, j.id, rank, j.size, o);
-      comm.set_timeout(4000ms);
+      comm.set_timeout(j.timeout);
       fn(comm);
     } else {
       cohort::launch_info info;
@@ -55,7 +56,7 @@ int run_rank(const job& j, int rank, Fn&& fn) {
       info.master_port = j.port;
       auto o = cohort::faults::tcp_test_options(10s);
       cohort::basic_communicator<cohort::tcp_transport> comm(std::in_place, info, o);
-      comm.set_timeout(4000ms);
+      comm.set_timeout(j.timeout);
       fn(comm);
     }
     return 0;
@@ -187,8 +188,14 @@ TEST_CASE("ps processes: a killed server fails every rank with peer_lost") {
 
 TEST_CASE("ps processes: a worker that pushes, then computes, does not hold up the others") {
   // Over shm a send moves only inside its sender's calls: worker 1 pushes 4 MiB (more than
-  // the ring holds) and sleeps 1.5 s before it waits. The server receives that payload while it
-  // answers worker 2, whose round trips must stay short.
+  // the ring holds) and sleeps before it waits. The server receives that payload while it
+  // answers worker 2, whose round trips must stay well under that sleep: a server held up by
+  // worker 1 would keep one of them waiting for nearly all of it. Under TSan, beside other
+  // tests, the first round trip has taken up to 1.5 s: there the sleep, the bound and the calls'
+  // deadline are longer.
+  constexpr bool slow = cohort::faults::sanitized;
+  constexpr auto hold = slow ? 6000ms : 1500ms;
+  constexpr auto bound = slow ? 3000ms : 200ms;
   const std::string id = "ps-test-" + std::to_string(::getpid()) + "-hold";
   const ps::roles roles{1, 3};
   const std::vector<ps::key_spec> keys = {{0, std::size_t{1} << 20}, {1, 1000}};
@@ -198,7 +205,8 @@ TEST_CASE("ps processes: a worker that pushes, then computes, does not hold up t
     const pid_t pid = ::fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
-      const int code = run_rank(job{transport_kind::shm, 1, 3, id, 0}, r, [&](auto& comm) {
+      const int code = run_rank(job{transport_kind::shm, 1, 3, id, 0, slow ? 12000ms : 4000ms}, r,
+                                [&](auto& comm) {
         if (r == 0) {
           ps::server_options o;
           o.mode = ps::consistency::async();
@@ -210,7 +218,7 @@ TEST_CASE("ps processes: a worker that pushes, then computes, does not hold up t
         if (r == 1) {
           std::vector<float> g(std::size_t{1} << 20, 1.0f);
           const auto t = wk.push(0, g);
-          std::this_thread::sleep_for(1500ms);
+          std::this_thread::sleep_for(hold);
           wk.wait(t);
         } else {
           std::vector<float> g(1000, 1.0f), w(1000);
@@ -219,7 +227,12 @@ TEST_CASE("ps processes: a worker that pushes, then computes, does not hold up t
             const auto t0 = steady::now();
             wk.wait(wk.push(1, g));
             wk.wait(wk.pull(1, w));
-            if (steady::now() - t0 > 200ms) throw std::runtime_error("a round trip took > 200 ms");
+            const auto took =
+                std::chrono::duration_cast<std::chrono::milliseconds>(steady::now() - t0);
+            if (took > bound)
+              throw std::runtime_error("round trip " + std::to_string(i) + " took " +
+                                       std::to_string(took.count()) + " ms, more than " +
+                                       std::to_string(bound.count()) + " ms");
             std::this_thread::sleep_for(10ms);
           }
         }

@@ -36,13 +36,18 @@ FIRST_WORDS = re.compile(r"WARNING: ThreadSanitizer|ERROR: \w+Sanitizer|runtime 
                          r"ERROR: |FATAL ERROR|terminate called|Assertion .* failed|Traceback")
 
 
-def excerpt(output, lines=40):
-    """The part of a failed test's output worth reading first: from the first line that says
-    what went wrong, else its end. CI shows only the end of the whole run's output, so the
-    failures are printed again after the counts of the nested run."""
-    text = output.splitlines()
-    first = next((i for i, line in enumerate(text) if FIRST_WORDS.search(line)), None)
-    chosen = text[first:first + lines] if first is not None else text[-lines:]
+def excerpt(stdout, stderr, lines=25):
+    """The part of a failed test's output worth reading first: of its standard output and of its
+    standard error (where the sanitizers report; meson keeps the two apart), each from the first
+    line that says what went wrong, else its end. CI shows only the end of the whole run's
+    output, so the failures are printed again after the counts of the nested run."""
+    chosen = []
+    for name, stream in (("output", stdout), ("error", stderr)):
+        text = stream.splitlines()
+        first = next((i for i, line in enumerate(text) if FIRST_WORDS.search(line)), None)
+        part = text[first:first + lines] if first is not None else text[-lines:]
+        if part:
+            chosen += [f"(standard {name})"] + part
     return "\n".join("    | " + line[:200] for line in chosen)
 
 
@@ -126,7 +131,8 @@ def main():
             failed.append(r)
     for r in failed:
         print(f"failed under -fsanitize={a.sanitize}: {r['name']} ({r['result']}, "
-              f"{r['duration']:.1f} s)\n{excerpt(r.get('stdout') or '')}", flush=True)
+              f"{r['duration']:.1f} s)\n{excerpt(r.get('stdout') or '', r.get('stderr') or '')}",
+              flush=True)
     print(f"-fsanitize={a.sanitize}: build {t_build:.0f} s, tests {t_test:.0f} s; "
           + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())), flush=True)
     return rc
