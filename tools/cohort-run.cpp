@@ -24,9 +24,11 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <random>
 #include <string>
@@ -169,21 +171,45 @@ std::string make_job_id() {
   return text;
 }
 
-// A TCP port that was free on 127.0.0.1 a moment ago (the kernel picks it), or 0.
-int free_port() {
+// `port` (the kernel's pick where 0) if it could be bound on 127.0.0.1 just now, else 0.
+int bindable_port(int port) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return 0;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
   socklen_t len = sizeof addr;
-  int port = 0;
+  int got = 0;
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
+    got = ntohs(addr.sin_port);
   }
   ::close(fd);
-  return port;
+  return got;
+}
+
+// A TCP port that was free on 127.0.0.1 a moment ago, or 0. Taken below the kernel's ephemeral
+// range (ip_local_port_range) where there is room: a port in that range may go to any process's
+// outgoing connection before rank 0 listens on it (it did, beside a busy test suite); one below
+// it is taken only by another bind.
+int free_port() {
+  int ephemeral_low = 32768;
+  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    int low = 0, high = 0;
+    if (std::fscanf(f, "%d %d", &low, &high) == 2 && low > 0) ephemeral_low = low;
+    std::fclose(f);
+  }
+  constexpr int lowest = 10000;
+  if (ephemeral_low > lowest + 1) {
+    std::minstd_rand pick(static_cast<std::uint32_t>(std::hash<std::string>{}(make_job_id())));
+    for (int attempt = 0; attempt < 32; ++attempt) {
+      const auto span = static_cast<unsigned>(ephemeral_low - lowest);
+      const int port = lowest + static_cast<int>(pick() % span);
+      if (bindable_port(port) == port) return port;
+    }
+  }
+  return bindable_port(0);
 }
 
 std::string signal_name(int sig) {
