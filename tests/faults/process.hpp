@@ -29,7 +29,6 @@
 #include <functional>
 #include <optional>
 #include <span>
-#include <random>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -347,26 +346,19 @@ class fault_store final : public store {
 enum class kind { shm, tcp };
 inline const char* kind_name(kind k) { return k == kind::shm ? "shm" : "tcp"; }
 
-/// A TCP port on 127.0.0.1 that could be bound when asked, below the kernel's ephemeral range
-/// (from 32768 here): a port in that range may go to another test's outgoing connection before
-/// the rank that was told it listens on it (cohort-run picks its MASTER_PORT the same way).
+/// A free TCP port on 127.0.0.1 (free when asked; a race with other tests is unlikely).
 inline int free_port() {
-  static std::atomic<std::uint32_t> calls{0};  // the pid tells forked ranks apart
-  const auto now = static_cast<std::uint32_t>(steady::now().time_since_epoch().count());
-  std::minstd_rand pick(static_cast<std::uint32_t>(::getpid()) * 2654435761u ^ now ^
-                        (calls++ * 40503u));
-  for (int attempt = 0; attempt < 32; ++attempt) {
-    const int port = 10000 + static_cast<int>(pick() % 22000u);
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<std::uint16_t>(port));
-    const bool free = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-    if (fd >= 0) ::close(fd);
-    if (free) return port;
-  }
-  return 0;
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
 }
 
 /// A job id unique to this process and call.
