@@ -198,8 +198,8 @@ template <hierarchical H, class In, class Out, class Op>
   requires detail::all_reduce_args<In, Out, Op>
 void all_reduce(H& h, const In& in, Out&& out, const Op& op, const call_options& opts = {}) {
   detail::throw_if_failed(
-      detail::hier::all_reduce(h, std::ranges::data(in), std::ranges::size(in),
-                               std::ranges::data(out), std::ranges::size(out), op, opts),
+      detail::hier::all_reduce(h, std::data(in), std::size(in),
+                               std::data(out), std::size(out), op, opts),
       "all_reduce");
 }
 
@@ -208,8 +208,8 @@ template <hierarchical H, class In, class Out, class Op>
   requires detail::all_reduce_args<In, Out, Op>
 void all_reduce(H& h, const In& in, Out&& out, const Op& op, const call_options& opts,
                 std::error_code& ec) {
-  ec = detail::hier::all_reduce(h, std::ranges::data(in), std::ranges::size(in),
-                                std::ranges::data(out), std::ranges::size(out), op, opts).code;
+  ec = detail::hier::all_reduce(h, std::data(in), std::size(in),
+                                std::data(out), std::size(out), op, opts).code;
 }
 
 /// As above, with the communicator's default deadline.
@@ -250,8 +250,8 @@ template <hierarchical H, class In, class Out, class Op>
   requires detail::reduce_scatter_args<In, Out, Op>
 void reduce_scatter(H& h, const In& in, Out&& out, const Op& op, const call_options& opts = {}) {
   detail::throw_if_failed(
-      detail::hier::reduce_scatter(h, std::ranges::data(in), std::ranges::size(in),
-                                   std::ranges::data(out), std::ranges::size(out), op, opts),
+      detail::hier::reduce_scatter(h, std::data(in), std::size(in),
+                                   std::data(out), std::size(out), op, opts),
       "reduce_scatter");
 }
 
@@ -260,8 +260,8 @@ template <hierarchical H, class In, class Out, class Op>
   requires detail::reduce_scatter_args<In, Out, Op>
 void reduce_scatter(H& h, const In& in, Out&& out, const Op& op, const call_options& opts,
                     std::error_code& ec) {
-  ec = detail::hier::reduce_scatter(h, std::ranges::data(in), std::ranges::size(in),
-                                    std::ranges::data(out), std::ranges::size(out), op, opts)
+  ec = detail::hier::reduce_scatter(h, std::data(in), std::size(in),
+                                    std::data(out), std::size(out), op, opts)
            .code;
 }
 
@@ -270,7 +270,7 @@ void reduce_scatter(H& h, const In& in, Out&& out, const Op& op, const call_opti
 template <hierarchical H, mutable_buffer Data, class Op>
   requires reduction_for<Op, buffer_element_t<Data>>
 void reduce_scatter(H& h, Data&& data, const Op& op, const call_options& opts = {}) {
-  const block b = block_of(std::ranges::size(data), h.size(), h.rank());
+  const block b = block_of(std::size(data), h.size(), h.rank());
   std::span all(data);
   reduce_scatter(h, all, all.subspan(b.offset, b.count), op, opts);
 }
@@ -283,8 +283,8 @@ template <hierarchical H, class In, class Out>
   requires detail::buffer_pair<In, Out>
 void all_gather(H& h, const In& in, Out&& out, const call_options& opts = {}) {
   detail::throw_if_failed(
-      detail::hier::all_gather(h, std::ranges::data(in), std::ranges::size(in),
-                               std::ranges::data(out), std::ranges::size(out), opts),
+      detail::hier::all_gather(h, std::data(in), std::size(in),
+                               std::data(out), std::size(out), opts),
       "all_gather");
 }
 
@@ -292,8 +292,8 @@ void all_gather(H& h, const In& in, Out&& out, const call_options& opts = {}) {
 template <hierarchical H, class In, class Out>
   requires detail::buffer_pair<In, Out>
 void all_gather(H& h, const In& in, Out&& out, const call_options& opts, std::error_code& ec) {
-  ec = detail::hier::all_gather(h, std::ranges::data(in), std::ranges::size(in),
-                                std::ranges::data(out), std::ranges::size(out), opts).code;
+  ec = detail::hier::all_gather(h, std::data(in), std::size(in),
+                                std::data(out), std::size(out), opts).code;
 }
 
 /// In place: `data` holds P blocks of size()/P elements; this rank's block is already filled.
@@ -309,17 +309,17 @@ void all_gather(H& h, Data&& data, const call_options& opts = {}) {
 /// it with the same count and root (a rank of the hierarchical communicator). Throws.
 template <hierarchical H, mutable_buffer Data>
 void broadcast(H& h, Data&& data, int root, const call_options& opts = {}) {
-  detail::throw_if_failed(detail::hier::broadcast(h, std::ranges::data(data),
-                                                  std::ranges::data(data),
-                                                  std::ranges::size(data), root, opts),
+  detail::throw_if_failed(detail::hier::broadcast(h, std::data(data),
+                                                  std::data(data),
+                                                  std::size(data), root, opts),
                           "broadcast");
 }
 
 /// As above; reports failure through `ec`.
 template <hierarchical H, mutable_buffer Data>
 void broadcast(H& h, Data&& data, int root, const call_options& opts, std::error_code& ec) {
-  ec = detail::hier::broadcast(h, std::ranges::data(data), std::ranges::data(data),
-                               std::ranges::size(data), root, opts).code;
+  ec = detail::hier::broadcast(h, std::data(data), std::data(data),
+                               std::size(data), root, opts).code;
 }
 
 /// Out of place: the root sends `in`; every rank, the root included, receives into `out`
@@ -347,8 +347,8 @@ template <hierarchical H, class In, class Out, class Op>
 void reduce(H& h, const In& in, Out&& out, const Op& op, int root,
             const call_options& opts = {}) {
   detail::throw_if_failed(
-      detail::hier::reduce(h, std::ranges::data(in), std::ranges::size(in),
-                           std::ranges::data(out), std::ranges::size(out), op, root, opts),
+      detail::hier::reduce(h, std::data(in), std::size(in),
+                           std::data(out), std::size(out), op, root, opts),
       "reduce");
 }
 
@@ -357,8 +357,8 @@ template <hierarchical H, class In, class Out, class Op>
   requires detail::reduce_args<In, Out, Op>
 void reduce(H& h, const In& in, Out&& out, const Op& op, int root, const call_options& opts,
             std::error_code& ec) {
-  ec = detail::hier::reduce(h, std::ranges::data(in), std::ranges::size(in),
-                            std::ranges::data(out), std::ranges::size(out), op, root, opts).code;
+  ec = detail::hier::reduce(h, std::data(in), std::size(in),
+                            std::data(out), std::size(out), op, root, opts).code;
 }
 
 /// In place: the root's `data` receives the result; other ranks' `data` is left as it was.

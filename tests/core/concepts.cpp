@@ -1,7 +1,13 @@
 // The concepts, each proven both ways: a model passes, a counter-model is rejected.
 #include "../support.hpp"
 
+#include <array>
+#include <concepts>
+#include <cstdint>
+#include <deque>
 #include <list>
+#include <span>
+#include <vector>
 
 #include <cohort/cohort.hpp>
 
@@ -59,6 +65,14 @@ static_assert(cohort::buffer<std::vector<float>>);
 static_assert(cohort::mutable_buffer<std::span<cohort::fp16>>);
 static_assert(!cohort::mutable_buffer<const std::vector<float>&>);
 static_assert(!cohort::buffer<std::list<float>>);  // not contiguous
+static_assert(!cohort::buffer<std::deque<float>>);  // sized, not contiguous
+static_assert(!cohort::buffer<std::vector<bool>>);  // no data(): bits, not elements
+static_assert(!cohort::buffer<std::vector<char>>);  // contiguous, not an element type
+static_assert(cohort::mutable_buffer<float (&)[8]>);
+static_assert(cohort::buffer<const std::array<std::int64_t, 3>&>);
+static_assert(!cohort::mutable_buffer<std::span<const float>>);  // a view of const elements
+static_assert(cohort::mutable_buffer<const std::span<float>&>);  // a const view, writable elements
+static_assert(std::same_as<cohort::buffer_element_t<std::span<const cohort::bf16>>, cohort::bf16>);
 
 TEST_CASE("block_of splits counts that do not divide by P, first blocks longer") {
   std::size_t total = 0, expected_offset = 0;

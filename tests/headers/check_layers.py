@@ -5,7 +5,9 @@
    net layer and the launcher reach neither, and core reaches nothing above it.
 2. With the real compiler (-E -H, so every #if is decided as a user's build decides it): the
    headers a user of the umbrella, of shm, of the stores, or of tcp under
-   COHORT_SEPARATE_COMPILATION includes pull in no Boost header.
+   COHORT_SEPARATE_COMPILATION includes pull in no Boost header, and the umbrella and shm pull
+   in none of the standard headers that cost most to parse and that they do without
+   (bench/results/compile_time.md).
 
 Each failure names the include chain. Usage: check_layers.py INCLUDE_DIR -- CXX [ARGS...]
 """
@@ -47,6 +49,14 @@ BOOST_FREE = [
     ("cohort/transport/tcp.hpp", ["-DCOHORT_SEPARATE_COMPILATION"]),
 ]
 
+# (header, standard headers it must not pull in): the collectives and the in-process and
+# shared-memory transports parse without them (`<functional>` comes with shm's launcher
+# support, whose `getenv_function` is a `std::function`).
+LEAN = [
+    ("cohort/cohort.hpp", ["algorithm", "functional", "ranges"]),
+    ("cohort/transport/shm.hpp", ["algorithm", "ranges"]),
+]
+
 
 def check_rules(root):
     graph = IncludeGraph(root)
@@ -65,8 +75,13 @@ def check_rules(root):
     return problems
 
 
-def boost_chain(cxx, root, header, flags):
-    """The include chain to the first Boost header `header` pulls in, from the compiler's -H."""
+def is_boost(path):
+    return "/boost/" in path or path.startswith("boost/")
+
+
+def first_chain(cxx, root, header, flags, wanted):
+    """The include chain to the first header `header` pulls in for which `wanted(path)` holds,
+    from the compiler's -H; None when there is none."""
     proc = subprocess.run(cxx + ["-std=c++20", "-I", str(root)] + flags +
                           ["-E", "-H", "-x", "c++", "-o", "/dev/null", "-"],
                           input="#include <%s>\n" % header, text=True,
@@ -85,7 +100,7 @@ def boost_chain(cxx, root, header, flags):
         except ValueError:
             pass
         stack.append(path)
-        if "/boost/" in path or path.startswith("boost/"):
+        if wanted(path):
             return stack
     return None
 
@@ -96,16 +111,23 @@ def main():
     cxx = args[args.index("--") + 1:]
     problems = check_rules(root)
     for header, flags in BOOST_FREE:
-        chain = boost_chain(cxx, root, header, flags)
+        chain = first_chain(cxx, root, header, flags, is_boost)
         if chain:
             problems.append("%s%s pulls in Boost: %s" % (
                 header, (" with " + " ".join(flags)) if flags else "",
                 " -> ".join(chain)))
+    for header, banned in LEAN:
+        chain = first_chain(cxx, root, header, [],
+                            lambda path: any(path.endswith("/" + b) for b in banned))
+        if chain:
+            problems.append("%s pulls in <%s>, which it does without: %s" % (
+                header, chain[-1].rsplit("/", 1)[-1], " -> ".join(chain)))
     for p in problems:
         print("FAIL " + p)
     if not problems:
-        print("layers point one way: %d rules hold; %d headers parse no Boost header" %
-              (len(RULES), len(BOOST_FREE)))
+        print("layers point one way: %d rules hold; %d headers parse no Boost header; %d parse "
+              "none of the standard headers they do without" %
+              (len(RULES), len(BOOST_FREE), len(LEAN)))
     return 1 if problems else 0
 
 

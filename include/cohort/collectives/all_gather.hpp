@@ -47,8 +47,8 @@ failure all_gather(Comm& comm, const T* in, std::size_t n, T* out, std::size_t o
 template <communicator Comm, class In, class Out>
   requires detail::buffer_pair<In, Out>
 void all_gather(Comm& comm, const In& in, Out&& out, const call_options& opts = {}) {
-  detail::throw_if_failed(detail::all_gather(comm, std::ranges::data(in), std::ranges::size(in),
-                                             std::ranges::data(out), std::ranges::size(out),
+  detail::throw_if_failed(detail::all_gather(comm, std::data(in), std::size(in),
+                                             std::data(out), std::size(out),
                                              opts), "all_gather");
 }
 
@@ -57,8 +57,8 @@ template <communicator Comm, class In, class Out>
   requires detail::buffer_pair<In, Out>
 void all_gather(Comm& comm, const In& in, Out&& out, const call_options& opts,
                 std::error_code& ec) {
-  ec = detail::all_gather(comm, std::ranges::data(in), std::ranges::size(in),
-                          std::ranges::data(out), std::ranges::size(out), opts).code;
+  ec = detail::all_gather(comm, std::data(in), std::size(in),
+                          std::data(out), std::size(out), opts).code;
 }
 
 /// In place: `data` holds P blocks of size()/P elements; this rank's block is already filled.

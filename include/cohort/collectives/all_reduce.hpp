@@ -104,8 +104,8 @@ concept all_reduce_args = buffer_pair<In, Out> && reduction_for<Op, buffer_eleme
 template <communicator Comm, class In, class Out, class Op>
   requires detail::all_reduce_args<In, Out, Op>
 void all_reduce(Comm& comm, const In& in, Out&& out, const Op& op, const call_options& opts = {}) {
-  detail::throw_if_failed(detail::all_reduce(comm, std::ranges::data(in), std::ranges::size(in),
-                                             std::ranges::data(out), std::ranges::size(out), op,
+  detail::throw_if_failed(detail::all_reduce(comm, std::data(in), std::size(in),
+                                             std::data(out), std::size(out), op,
                                              opts), "all_reduce");
 }
 
@@ -114,8 +114,8 @@ template <communicator Comm, class In, class Out, class Op>
   requires detail::all_reduce_args<In, Out, Op>
 void all_reduce(Comm& comm, const In& in, Out&& out, const Op& op, const call_options& opts,
                 std::error_code& ec) {
-  ec = detail::all_reduce(comm, std::ranges::data(in), std::ranges::size(in),
-                          std::ranges::data(out), std::ranges::size(out), op, opts).code;
+  ec = detail::all_reduce(comm, std::data(in), std::size(in),
+                          std::data(out), std::size(out), op, opts).code;
 }
 
 /// As above, with the communicator's default deadline.

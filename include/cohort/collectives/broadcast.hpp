@@ -45,10 +45,10 @@ failure broadcast(Comm& comm, const T* in, T* data, std::size_t n, int root,
 template <communicator Comm, class In, class Out>
 failure broadcast_buffers(Comm& comm, const In& in, Out& out, int root,
                           const call_options& opts) {
-  if (comm.rank() == root && std::ranges::size(in) < std::ranges::size(out))
+  if (comm.rank() == root && std::size(in) < std::size(out))
     return {make_error_code(errc::invalid_argument), -1, "broadcast: input shorter than output"};
-  return detail::broadcast(comm, std::ranges::data(in), std::ranges::data(out),
-                           std::ranges::size(out), root, opts);
+  return detail::broadcast(comm, std::data(in), std::data(out),
+                           std::size(out), root, opts);
 }
 
 }  // namespace detail
@@ -66,15 +66,15 @@ failure broadcast_buffers(Comm& comm, const In& in, Out& out, int root,
 /// hops. Results are bitwise copies. Throws `cohort::error`.
 template <communicator Comm, mutable_buffer Data>
 void broadcast(Comm& comm, Data&& data, int root, const call_options& opts = {}) {
-  detail::throw_if_failed(detail::broadcast(comm, std::ranges::data(data), std::ranges::data(data),
-                                            std::ranges::size(data), root, opts), "broadcast");
+  detail::throw_if_failed(detail::broadcast(comm, std::data(data), std::data(data),
+                                            std::size(data), root, opts), "broadcast");
 }
 
 /// As above; reports failure through `ec` (details in `comm.last_failure()`).
 template <communicator Comm, mutable_buffer Data>
 void broadcast(Comm& comm, Data&& data, int root, const call_options& opts, std::error_code& ec) {
-  ec = detail::broadcast(comm, std::ranges::data(data), std::ranges::data(data),
-                         std::ranges::size(data), root, opts).code;
+  ec = detail::broadcast(comm, std::data(data), std::data(data),
+                         std::size(data), root, opts).code;
 }
 
 /// Out of place: the root sends `in`; every rank, the root included, receives into `out`

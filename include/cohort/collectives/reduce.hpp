@@ -76,8 +76,8 @@ template <communicator Comm, class In, class Out, class Op>
   requires detail::reduce_args<In, Out, Op>
 void reduce(Comm& comm, const In& in, Out&& out, const Op& op, int root,
             const call_options& opts = {}) {
-  detail::throw_if_failed(detail::reduce(comm, std::ranges::data(in), std::ranges::size(in),
-                                         std::ranges::data(out), std::ranges::size(out), op, root,
+  detail::throw_if_failed(detail::reduce(comm, std::data(in), std::size(in),
+                                         std::data(out), std::size(out), op, root,
                                          opts), "reduce");
 }
 
@@ -86,8 +86,8 @@ template <communicator Comm, class In, class Out, class Op>
   requires detail::reduce_args<In, Out, Op>
 void reduce(Comm& comm, const In& in, Out&& out, const Op& op, int root,
             const call_options& opts, std::error_code& ec) {
-  ec = detail::reduce(comm, std::ranges::data(in), std::ranges::size(in), std::ranges::data(out),
-                      std::ranges::size(out), op, root, opts).code;
+  ec = detail::reduce(comm, std::data(in), std::size(in), std::data(out),
+                      std::size(out), op, root, opts).code;
 }
 
 /// In place: the root's `data` receives the result; other ranks' `data` is left as it was.

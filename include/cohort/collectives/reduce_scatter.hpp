@@ -85,8 +85,8 @@ template <communicator Comm, class In, class Out, class Op>
 void reduce_scatter(Comm& comm, const In& in, Out&& out, const Op& op,
                     const call_options& opts = {}) {
   detail::throw_if_failed(
-      detail::reduce_scatter(comm, std::ranges::data(in), std::ranges::size(in),
-                             std::ranges::data(out), std::ranges::size(out), op, opts),
+      detail::reduce_scatter(comm, std::data(in), std::size(in),
+                             std::data(out), std::size(out), op, opts),
       "reduce_scatter");
 }
 
@@ -95,8 +95,8 @@ template <communicator Comm, class In, class Out, class Op>
   requires detail::reduce_scatter_args<In, Out, Op>
 void reduce_scatter(Comm& comm, const In& in, Out&& out, const Op& op, const call_options& opts,
                     std::error_code& ec) {
-  ec = detail::reduce_scatter(comm, std::ranges::data(in), std::ranges::size(in),
-                              std::ranges::data(out), std::ranges::size(out), op, opts).code;
+  ec = detail::reduce_scatter(comm, std::data(in), std::size(in),
+                              std::data(out), std::size(out), op, opts).code;
 }
 
 /// In place: on return, this rank's block of `data` holds its block of the result; the rest of
@@ -104,7 +104,7 @@ void reduce_scatter(Comm& comm, const In& in, Out&& out, const Op& op, const cal
 template <communicator Comm, mutable_buffer Data, class Op>
   requires reduction_for<Op, buffer_element_t<Data>>
 void reduce_scatter(Comm& comm, Data&& data, const Op& op, const call_options& opts = {}) {
-  const block b = block_of(std::ranges::size(data), comm.size(), comm.rank());
+  const block b = block_of(std::size(data), comm.size(), comm.rank());
   std::span all(data);
   reduce_scatter(comm, all, all.subspan(b.offset, b.count), op, opts);
 }
@@ -114,7 +114,7 @@ template <communicator Comm, mutable_buffer Data, class Op>
   requires reduction_for<Op, buffer_element_t<Data>>
 void reduce_scatter(Comm& comm, Data&& data, const Op& op, const call_options& opts,
                     std::error_code& ec) {
-  const block b = block_of(std::ranges::size(data), comm.size(), comm.rank());
+  const block b = block_of(std::size(data), comm.size(), comm.rank());
   std::span all(data);
   reduce_scatter(comm, all, all.subspan(b.offset, b.count), op, opts, ec);
 }

@@ -2,29 +2,44 @@
 /// What the collectives accept as buffers: contiguous ranges of a supported element type.
 #pragma once
 
+#include <concepts>
 #include <cstddef>
-#include <functional>
-#include <ranges>
+#include <cstdint>
+#include <span>  // std::data, std::size (available from <span> as from <iterator>)
 #include <type_traits>
+#include <utility>
 
 #include <cohort/core/dtype.hpp>
 
 namespace cohort {
 
-/// A contiguous, sized range of elements the collectives can read (`std::vector`, `std::span`,
-/// `std::array`, ...).
+namespace detail {
+
+/// What `std::data` gives for an lvalue of `R`: the pointer to a buffer's first element.
 template <class R>
-concept buffer = std::ranges::contiguous_range<R> && std::ranges::sized_range<R> &&
-                 element<std::ranges::range_value_t<R>>;
+using data_pointer_t = decltype(std::data(std::declval<R&>()));
+
+}  // namespace detail
+
+/// A contiguous, sized range of elements the collectives can read (`std::vector`, `std::span`,
+/// `std::array`, a C array, ...): `std::data` gives a pointer to its first element and
+/// `std::size` the number of elements. Stated with `std::data` and `std::size` rather than
+/// `std::ranges::contiguous_range`, so that the collectives need `<span>` and not `<ranges>`,
+/// which costs every translation unit that includes cohort a third of a second to parse.
+template <class R>
+concept buffer = requires(R& r) {
+  requires std::is_pointer_v<detail::data_pointer_t<R>>;
+  { std::size(r) } -> std::convertible_to<std::size_t>;
+} && element<std::remove_cv_t<std::remove_pointer_t<detail::data_pointer_t<R>>>>;
 
 /// A `buffer` the collectives can write.
 template <class R>
 concept mutable_buffer =
-    buffer<R> && !std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>;
+    buffer<R> && !std::is_const_v<std::remove_pointer_t<detail::data_pointer_t<R>>>;
 
 /// The element type of a buffer.
 template <buffer R>
-using buffer_element_t = std::ranges::range_value_t<R>;
+using buffer_element_t = std::remove_cv_t<std::remove_pointer_t<detail::data_pointer_t<R>>>;
 
 /// A contiguous part of a buffer: `count` elements (or bytes, where so documented) from `offset`.
 struct block {
@@ -51,8 +66,9 @@ concept buffer_pair = buffer<In> && mutable_buffer<Out> &&
 template <class T>
 bool partly_overlap(const T* a, std::size_t n, const T* b, std::size_t m) noexcept {
   if (a == b || n == 0 || m == 0) return false;
-  std::less<const T*> lt;
-  return lt(a, b + m) && lt(b, a + n);
+  // Addresses as integers: a total order over buffers that need not share an array.
+  const auto ia = reinterpret_cast<std::uintptr_t>(a), ib = reinterpret_cast<std::uintptr_t>(b);
+  return ia < ib + m * sizeof(T) && ib < ia + n * sizeof(T);
 }
 
 }  // namespace detail

@@ -288,9 +288,9 @@ failure broadcast(H& h, const T* in, T* data, std::size_t n, int root, const cal
 
 template <class H, class In, class Out>
 failure broadcast_buffers(H& h, const In& in, Out& out, int root, const call_options& opts) {
-  if (h.rank() == root && std::ranges::size(in) < std::ranges::size(out))
+  if (h.rank() == root && std::size(in) < std::size(out))
     return invalid("broadcast", "input shorter than output");
-  return hier::broadcast(h, std::ranges::data(in), std::ranges::data(out), std::ranges::size(out),
+  return hier::broadcast(h, std::data(in), std::data(out), std::size(out),
                          root, opts);
 }
 

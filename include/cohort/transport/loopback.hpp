@@ -8,7 +8,6 @@
 /// (and times out) instead of passing by luck on a transport with slack.
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <cassert>
 #include <condition_variable>
@@ -24,6 +23,7 @@
 
 #include <cohort/core/communicator.hpp>
 #include <cohort/core/concepts.hpp>
+#include <cohort/core/detail/min.hpp>
 #include <cohort/core/error.hpp>
 #include <cohort/transport/detail/fifo.hpp>
 
@@ -155,7 +155,7 @@ class loopback_transport {
       std::lock_guard lk(ch.m);
       if (ch.sends.empty()) return false;
       const auto& s = ch.sends.front();
-      std::size_t n = std::min(s.size - ch.head_taken, max) / align * align;
+      std::size_t n = detail::min_of(s.size - ch.head_taken, max) / align * align;
       assert(n > 0 && "sends on this stream were not multiples of align");
       view = {s.data + ch.head_taken, n};
       ch.viewing.store(true, std::memory_order_release);
@@ -237,7 +237,7 @@ class loopback_transport {
         std::lock_guard lk(ch.m);
         while (!q.empty() && !ch.sends.empty()) {
           const auto& s = ch.sends.front();
-          std::size_t n = std::min(s.size - ch.head_taken, q.front().size);
+          std::size_t n = detail::min_of(s.size - ch.head_taken, q.front().size);
           std::memcpy(q.front().data, s.data + ch.head_taken, n);
           take(ch, n);
           q.front().data += n;

@@ -49,7 +49,6 @@
 /// timeouts).
 #pragma once
 
-#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <memory>
@@ -61,6 +60,7 @@
 
 #include <cohort/core/communicator.hpp>
 #include <cohort/core/concepts.hpp>
+#include <cohort/core/detail/min.hpp>
 #include <cohort/core/error.hpp>
 #include <cohort/core/options.hpp>
 #include <cohort/launch/env.hpp>
@@ -127,7 +127,7 @@ class shm_transport {
       throw bad("negative durations, or a liveness_interval that is not positive");
     const detail::shm::settings s{ring,
                                   chunk,
-                                  std::min(chunk, detail::shm::pack_bytes),
+                                  detail::min_of(chunk, detail::shm::pack_bytes),
                                   detail::shm::stream_receive_bytes,
                                   opts.spin,
                                   opts.yield,

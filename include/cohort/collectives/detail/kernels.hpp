@@ -2,10 +2,11 @@
 /// Element-wise host kernels the schedules call: combine two buffers with a reduction.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <span>
 
+#include <cohort/core/detail/min.hpp>
 #include <cohort/core/dtype.hpp>
 #include <cohort/core/ops.hpp>
 
@@ -27,7 +28,7 @@ void combine_with(const T* a, const T* b, T* out, std::size_t n, const Op& op, L
   if constexpr (is_16bit_float<T>) {
     float fa[widen_block], fb[widen_block];
     for (std::size_t i = 0; i < n; i += widen_block) {
-      const std::size_t k = std::min(widen_block, n - i);
+      const std::size_t k = min_of(widen_block, n - i);
       widen_n(a + i, fa, k);
       widen_n(b + i, fb, k);
       for (std::size_t j = 0; j < k; ++j) fa[j] = last(op(fa[j], fb[j]));
@@ -60,7 +61,7 @@ void finalize(const T* in, T* out, std::size_t n, const Op& op, int ranks) {
   if constexpr (finalizing_reduction_for<Op, T>) {
     for (std::size_t i = 0; i < n; ++i) out[i] = narrow<T>(op.finalize(widen(in[i]), ranks));
   } else if (in != out) {
-    std::copy(in, in + n, out);
+    std::memmove(out, in, n * sizeof(T));
   }
 }
 

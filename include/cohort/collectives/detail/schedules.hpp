@@ -10,7 +10,6 @@
 /// data.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <span>
 
@@ -19,6 +18,7 @@
 #include <cohort/collectives/detail/tuning.hpp>
 #include <cohort/core/buffer.hpp>
 #include <cohort/core/concepts.hpp>
+#include <cohort/core/detail/min.hpp>
 
 namespace cohort::detail {
 
@@ -29,6 +29,11 @@ std::span<const std::byte> bytes_of(const T* p, std::size_t n) {
 template <class T>
 std::span<std::byte> writable_bytes_of(T* p, std::size_t n) {
   return {reinterpret_cast<std::byte*>(p), n * sizeof(T)};
+}
+
+/// Length of chunk `k` of `n` cut into chunks of `chunk`: `chunk`, or what is left for the last.
+constexpr std::size_t chunk_length(std::size_t n, std::size_t chunk, std::size_t k) noexcept {
+  return min_of(chunk, n - k * chunk);
 }
 
 /// Scratch bytes `recv_reduce` needs for staging on a transport that lends no views.
@@ -62,7 +67,7 @@ bool recv_each(Call& c, int peer, std::size_t n, std::span<std::byte> staging, U
     T* buf[2] = {reinterpret_cast<T*>(staging.data()),
                  reinterpret_cast<T*>(staging.data() + tuning::chunk_bytes)};
     typename Call::request req[2];
-    auto len = [&](std::size_t k) { return std::min(chunk, n - k * chunk); };
+    auto len = [&](std::size_t k) { return chunk_length(n, chunk, k); };
     auto post = [&](std::size_t k) {
       req[k % 2] = t.recv(peer, writable_bytes_of(buf[k % 2], len(k)));
     };
@@ -181,7 +186,7 @@ bool chain_broadcast(Call& c, std::byte* data, std::size_t bytes, int root) {
   const bool receives = pos > 0, forwards = pos + 1 < p;
   const std::size_t chunk = tuning::chunk_bytes, chunks = (bytes + chunk - 1) / chunk;
   auto piece = [&](std::size_t k) {
-    return std::span<std::byte>(data + k * chunk, std::min(chunk, bytes - k * chunk));
+    return std::span<std::byte>(data + k * chunk, chunk_length(bytes, chunk, k));
   };
   if (receives && chunks > 0 && !c.check_header()) return false;
   typename Call::request in[2], out[2];
@@ -262,7 +267,7 @@ bool chain_reduce(Call& c, const T* in, T* out, std::size_t n, const Op& op, int
   auto staging = scratch.subspan(2 * tuning::chunk_bytes);
   typename Call::request sent[2];
   for (std::size_t k = 0; k < chunks; ++k) {
-    const std::size_t off = k * chunk, len = std::min(chunk, n - off);
+    const std::size_t off = k * chunk, len = chunk_length(n, chunk, k);
     const T* result = in + off;
     if (pos > 0) {
       T* dst = last ? out + off : buf[k % 2];

@@ -14,7 +14,6 @@
 /// peer sleeps, and wakes it only then: spinning peers cost no system call.
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <cassert>
 #include <chrono>
@@ -29,6 +28,7 @@
 
 #include <sched.h>
 
+#include <cohort/core/detail/min.hpp>
 #include <cohort/core/error.hpp>
 #include <cohort/core/options.hpp>
 #include <cohort/transport/detail/fifo.hpp>
@@ -162,7 +162,7 @@ class engine {
     l.send_posted += bytes.size();
     std::size_t taken = 0;
     if (l.sends.empty()) {  // copy at once what fits, one record at most
-      taken = l.tx.write(bytes.data(), std::min(bytes.size(), s_.record_bytes));
+      taken = l.tx.write(bytes.data(), detail::min_of(bytes.size(), s_.record_bytes));
       l.send_copied += taken;
       if (taken > 0) mark_dirty(peer);
       if (taken >= s_.pack_bytes) flush();
@@ -206,7 +206,7 @@ class engine {
       if (!ec) ec = make_error_code(errc::protocol_error);
       return {};
     }
-    return view.first(std::min(view.size(), max) / align * align);
+    return view.first(detail::min_of(view.size(), max) / align * align);
   }
 
   void recv_release(int peer, std::size_t n) {
@@ -228,7 +228,7 @@ class engine {
       c.abort_rank = rank_;
       c.abort_value = f.code.value();
       c.abort_category = category_tag(f.code.category());
-      const std::size_t n = std::min(f.what.size(), failure_text_bytes);
+      const std::size_t n = detail::min_of(f.what.size(), failure_text_bytes);
       std::memcpy(c.abort_text, f.what.data(), n);
       c.abort_length = static_cast<std::uint32_t>(n);
       c.abort_state.store(2, std::memory_order_release);
@@ -298,7 +298,7 @@ class engine {
     std::size_t moved = 0;
     while (!l.sends.empty() && moved < budget) {
       auto& s = l.sends.front();
-      const std::size_t k = l.tx.write(s.data, std::min(s.size, budget - moved));
+      const std::size_t k = l.tx.write(s.data, detail::min_of(s.size, budget - moved));
       if (k == 0) break;
       s.data += k;
       s.size -= k;
@@ -321,7 +321,7 @@ class engine {
       const auto v = l.rx.peek();
       if (v.empty()) break;
       auto& r = l.recvs.front();
-      const std::size_t k = std::min(v.size(), r.size);
+      const std::size_t k = detail::min_of(v.size(), r.size);
       if (r.stream) stream_copy(r.data, v.data(), k);
       else std::memcpy(r.data, v.data(), k);
       l.rx.consume(k);
@@ -447,7 +447,7 @@ class engine {
         const std::uint32_t seen = me_->wake.load(std::memory_order_acquire);
         const bool news = progress();
         if (!news && !done() && !failed(peer, done, false, ec) && !done())
-          futex_wait(me_->wake, seen, std::min(until, next_check) - now);
+          futex_wait(me_->wake, seen, detail::min_of(until, next_check) - now);
         me_->sleeping.store(0, std::memory_order_relaxed);
         if (ec) return;
       }

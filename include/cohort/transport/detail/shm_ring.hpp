@@ -25,7 +25,6 @@
 /// does not cover exactly what the consumer needs next.
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <cassert>
 #include <cstddef>
@@ -36,6 +35,8 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+
+#include <cohort/core/detail/min.hpp>
 
 namespace cohort::detail::shm {
 
@@ -78,7 +79,7 @@ constexpr std::uint64_t round_up(std::uint64_t x, std::uint64_t a) { return (x +
 /// with a store fence, so later ordinary stores and releases are ordered after the copy.
 inline void stream_copy(std::byte* dst, const std::byte* src, std::size_t n) noexcept {
 #if defined(__SSE2__)
-  const std::size_t head = std::min(n, static_cast<std::size_t>(
+  const std::size_t head = detail::min_of(n, static_cast<std::size_t>(
                                            (64 - reinterpret_cast<std::uintptr_t>(dst) % 64) % 64));
   std::memcpy(dst, src, head);
   dst += head, src += head, n -= head;
@@ -118,7 +119,7 @@ class tx_ring {
     std::size_t taken = 0;
     while (taken < n) {
       const std::uint64_t pos = head_ & (bytes_ - 1), to_end = bytes_ - pos;
-      std::size_t len = std::min<std::size_t>(n - taken, record_max_);
+      std::size_t len = detail::min_of<std::size_t>(n - taken, record_max_);
       std::uint64_t off = payload_offset(pos, len);
       if (off + len > to_end) {  // would run past the end: split there, or skip the end
         const std::uint64_t fit = to_end > off ? (to_end - off) / record_align * record_align : 0;

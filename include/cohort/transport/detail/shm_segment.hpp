@@ -29,7 +29,6 @@
 /// call. Memory of rings no one writes is never touched, so never allocated.
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -51,6 +50,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cohort/core/detail/min.hpp>
 #include <cohort/core/error.hpp>
 #include <cohort/core/options.hpp>
 #include <cohort/transport/detail/shm_ring.hpp>
@@ -304,7 +304,7 @@ inline int tell_disagreement(int fd, int rank, int size, std::uint64_t ring, dea
   void* p = ::mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return 0;
   auto* c = std::launder(reinterpret_cast<control_block*>(p));
-  const deadline limit = std::min(until, clock::now() + std::chrono::seconds(1));
+  const deadline limit = detail::min_of(until, clock::now() + std::chrono::seconds(1));
   while (c->ready.load(std::memory_order_acquire) != segment_magic && clock::now() < limit)
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   if (c->ready.load(std::memory_order_acquire) == segment_magic &&
@@ -581,7 +581,7 @@ inline join_result try_join(segment& seg, const std::string& job, int rank, int 
                             missing + " of " + std::to_string(size) + " to join") +
               before);
     }
-    futex_wait(c.outcome, join_open, std::min<std::chrono::nanoseconds>(until - now, 50ms));
+    futex_wait(c.outcome, join_open, detail::min_of<std::chrono::nanoseconds>(until - now, 50ms));
   }
 }
 

@@ -3,7 +3,6 @@
 /// a futex on a word in the shared segment, and a watch on another process's life.
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -23,6 +22,8 @@
 #include <linux/futex.h>
 #include <sys/syscall.h>
 #endif
+
+#include <cohort/core/detail/min.hpp>
 
 namespace cohort::detail::shm {
 
@@ -66,7 +67,7 @@ inline void futex_wait(word& w, std::uint32_t expected, std::chrono::nanoseconds
 #else
   // Without futexes: a short nap, then the caller looks again.
   if (w.load(std::memory_order_acquire) != expected) return;
-  timespec ts{0, static_cast<long>(std::min<std::chrono::nanoseconds>(
+  timespec ts{0, static_cast<long>(detail::min_of<std::chrono::nanoseconds>(
                      timeout, std::chrono::microseconds(50)).count())};
   ::nanosleep(&ts, nullptr);
 #endif
