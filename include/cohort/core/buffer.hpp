@@ -19,6 +19,10 @@ namespace detail {
 template <class R>
 using data_pointer_t = decltype(std::data(std::declval<R&>()));
 
+/// The element type `data_pointer_t<R>` points at, without const.
+template <class R>
+using data_element_t = std::remove_cv_t<std::remove_pointer_t<data_pointer_t<R>>>;
+
 }  // namespace detail
 
 /// A contiguous, sized range of elements the collectives can read (`std::vector`, `std::span`,
@@ -30,7 +34,7 @@ template <class R>
 concept buffer = requires(R& r) {
   requires std::is_pointer_v<detail::data_pointer_t<R>>;
   { std::size(r) } -> std::convertible_to<std::size_t>;
-} && element<std::remove_cv_t<std::remove_pointer_t<detail::data_pointer_t<R>>>>;
+} && element<detail::data_element_t<R>>;
 
 /// A `buffer` the collectives can write.
 template <class R>
@@ -39,7 +43,7 @@ concept mutable_buffer =
 
 /// The element type of a buffer.
 template <buffer R>
-using buffer_element_t = std::remove_cv_t<std::remove_pointer_t<detail::data_pointer_t<R>>>;
+using buffer_element_t = detail::data_element_t<R>;
 
 /// A contiguous part of a buffer: `count` elements (or bytes, where so documented) from `offset`.
 struct block {
