@@ -3,7 +3,10 @@
 // Contenders are interleaved within each round; rounds repeat; medians with min - max.
 //
 //   bench_compressed_all_reduce [--transport loopback|tcp] [--ranks 2] [--mib 16,64]
-//                               [--rounds 9]
+//                               [--rounds 9] [--only 0,5,7]
+//
+// --only runs the contenders of those rows (0 = f32, 1 = fp16, ..., 7 = top-k + error feedback,
+// in the table's order; f32 always runs, as every ratio is against it), e.g. to profile one.
 //
 // loopback: the in-process transport (the receiver copies straight from the sender's memory).
 // tcp: cohort's TCP transport over 127.0.0.1 (built when Boost.Asio and the transport are).
@@ -48,7 +51,7 @@ struct sample {
 // One rank's part of the whole benchmark; rank 0 records into `out[size][contender]`.
 template <class Comm>
 void run_rank(Comm& comm, const std::vector<double>& mibs, int rounds,
-              std::vector<std::vector<sample>>& out) {
+              const std::vector<bool>& chosen, std::vector<std::vector<sample>>& out) {
   for (std::size_t s = 0; s < mibs.size(); ++s) {
     const std::size_t n = static_cast<std::size_t>(mibs[s] * (1 << 20)) / 4;
     const std::vector<float> pristine = cb::gradient(n, 1 + comm.rank());
@@ -69,6 +72,7 @@ void run_rank(Comm& comm, const std::vector<double>& mibs, int rounds,
     };
     for (int round = 0; round <= rounds; ++round) {  // round 0 warms up
       for (int c = 0; c < contenders; ++c) {
+        if (!chosen[c]) continue;
         std::memcpy(data.data(), pristine.data(), 4 * n);
         cohort::barrier(comm);
         const auto t0 = std::chrono::steady_clock::now();
@@ -94,9 +98,21 @@ int main(int argc, char** argv) {
   const std::vector<double> mibs = cb::numbers(cb::option(argc, argv, "mib", "16,64"));
   const int rounds = std::atoi(cb::option(argc, argv, "rounds", "9").c_str());
   std::vector<std::vector<sample>> out(mibs.size(), std::vector<sample>(contenders));
+  std::vector<bool> chosen(contenders, true);
+  if (const std::string only = cb::option(argc, argv, "only", ""); !only.empty()) {
+    chosen.assign(contenders, false);
+    chosen[0] = true;
+    for (double c : cb::numbers(only)) {
+      if (c < 0 || c >= contenders) {
+        std::fprintf(stderr, "--only: %g is not a row (0 to %d)\n", c, contenders - 1);
+        return 2;
+      }
+      chosen[static_cast<std::size_t>(c)] = true;
+    }
+  }
 
   if (transport == "loopback") {
-    cohort::run_loopback(ranks, [&](auto& comm) { run_rank(comm, mibs, rounds, out); });
+    cohort::run_loopback(ranks, [&](auto& comm) { run_rank(comm, mibs, rounds, chosen, out); });
   } else if (transport == "tcp") {
 #if defined(COHORT_BENCH_TCP)
     const std::string dir = (std::filesystem::temp_directory_path() /
@@ -116,7 +132,7 @@ int main(int argc, char** argv) {
           opts.spin = 0us;  // ranks as threads: spinning would steal the peer's core
           cohort::file_store store(dir);
           auto comm = cohort::make_tcp_communicator(info, store, opts);
-          run_rank(comm, mibs, rounds, out);
+          run_rank(comm, mibs, rounds, chosen, out);
         } catch (...) {
           errors[r] = std::current_exception();
         }
@@ -142,6 +158,7 @@ int main(int argc, char** argv) {
   for (std::size_t s = 0; s < mibs.size(); ++s) {
     const double base = cb::summarize(out[s][0].seconds).median;
     for (int c = 0; c < contenders; ++c) {
+      if (!chosen[c]) continue;
       const cb::summary t = cb::summarize(out[s][c].seconds);
       const std::string agg = c == 0 ? "ring" : std::string(cc::aggregation_name(out[s][c].used));
       const std::string bytes = c == 0 ? "-" : std::to_string(out[s][c].bytes);
