@@ -56,7 +56,7 @@ inline constexpr int split_none = -1;
 struct split_options {
   /// The start of the new job ids; empty: a random id that rank 0 draws. 1-80 characters of
   /// [A-Za-z0-9_.-] when given (e.g. `launch_info::job_id`).
-  std::string base;
+  std::string base{};
   /// The deadline of the exchange on the parent (zero: the parent's default).
   std::chrono::milliseconds timeout{0};
 };

@@ -31,7 +31,7 @@ struct bucket_options {
   call_options call{};
   /// How a bucket is reduced to its mean over ranks, on the progress thread; replace it to
   /// compress. The default is `all_reduce(comm, bucket, ops::avg, call)`.
-  std::function<void(Comm&, std::span<float>)> reduce;
+  std::function<void(Comm&, std::span<float>)> reduce{};
 };
 
 /// A DDP-style reducer over float gradients held by the caller.

@@ -63,13 +63,13 @@ constexpr std::string_view launcher_name(launcher l) noexcept {
 /// After a successful read: 0 <= rank < size, 0 <= local_rank < local_size <= size, and job_id
 /// is 1 to 128 characters of [A-Za-z0-9_.-]. "Local" ranks share this host.
 struct launch_info {
-  int rank = 0;             ///< This process among all ranks.
-  int size = 1;             ///< The number of ranks in the job.
-  int local_rank = 0;       ///< This process among the ranks on its host.
-  int local_size = 1;       ///< The number of ranks on this host.
-  std::string master_addr;  ///< MASTER_ADDR; empty when the launcher gives none.
-  int master_port = 0;      ///< MASTER_PORT; 0 when the launcher gives none.
-  std::string job_id;  ///< Same on every rank of one job, differs between jobs; file-name safe.
+  int rank = 0;               ///< This process among all ranks.
+  int size = 1;               ///< The number of ranks in the job.
+  int local_rank = 0;         ///< This process among the ranks on its host.
+  int local_size = 1;         ///< The number of ranks on this host.
+  std::string master_addr{};  ///< MASTER_ADDR; empty when the launcher gives none.
+  int master_port = 0;        ///< MASTER_PORT; 0 when the launcher gives none.
+  std::string job_id{};  ///< Same on every rank of one job, differs between jobs; file-name safe.
   launcher source = launcher::explicit_args;  ///< Where the numbers came from.
 };
 

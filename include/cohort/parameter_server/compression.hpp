@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cohort/compress/codec.hpp>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -30,8 +31,10 @@ class push_codec {
   /// No compression.
   push_codec() = default;
 
-  /// Compresses with a copy of `c`.
-  template <compress::codec C>
+  /// Compresses with a copy of `c`. (push_codec itself is ruled out first: asking whether it is
+  /// a codec would ask whether it is copyable, which asks this constructor again.)
+  template <class C>
+    requires(!std::same_as<C, push_codec>) && compress::codec<C>
   explicit push_codec(C c) : impl_(std::make_shared<model<C>>(std::move(c))) {}
 
   /// True when pushes go uncompressed.

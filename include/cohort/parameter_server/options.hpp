@@ -101,19 +101,19 @@ struct sgd_momentum {
 
 /// Settings of a `server`.
 struct server_options {
-  consistency mode;
+  consistency mode{};
   update_rule update = sgd_momentum{};
   /// How long a server waits without hearing from any worker before it fails with
   /// `errc::timed_out`; zero: the communicator's timeout.
   std::chrono::milliseconds idle_timeout{0};
   /// The codec the workers push with (the same on every rank); empty: f32 pushes only.
-  push_codec compress;
+  push_codec compress{};
 };
 
 /// Settings of a `worker`.
 struct worker_options {
   /// Encodes every push (see `push_codec`); empty: pushes go as f32.
-  push_codec compress;
+  push_codec compress{};
 };
 
 }  // namespace cohort::ps

@@ -37,7 +37,7 @@ namespace cohort {
 
 /// How a `tcp_store` client behaves.
 struct tcp_store_options {
-  std::string token;  ///< The secret the server wants (COHORT_TOKEN); empty when it wants none.
+  std::string token{};  ///< The secret the server wants (COHORT_TOKEN); empty when it wants none.
   std::chrono::milliseconds timeout{
       30'000};  ///< Deadline of set, try_get and add (connecting included).
 };

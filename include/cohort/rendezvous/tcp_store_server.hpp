@@ -64,9 +64,9 @@ enum class store_access {
 
 /// How a `tcp_store_server` runs.
 struct tcp_store_server_options {
-  std::string token;  ///< Clients must prove they know this secret; empty: see `tokenless`.
+  std::string token{};  ///< Clients must prove they know this secret; empty: see `tokenless`.
   std::function<void(std::string_view)>
-      log;  ///< Where refused connections are told (stderr if empty).
+      log{};  ///< Where refused connections are told (stderr if empty).
   std::chrono::milliseconds linger{2000};  ///< On destruction, how long connected clients may stay.
   std::size_t max_clients = 4096;  ///< Connections at once; see the file comment for the overflow.
   store_access tokenless = store_access::local_user;  ///< Whom it admits when `token` is empty.

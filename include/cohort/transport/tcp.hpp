@@ -89,11 +89,11 @@ enum class tcp_family { any, v4, v6 };
 /// How `make_tcp_communicator` sets up the TCP transport. Empty and negative values mean "from
 /// the environment, else the default" (see the file comment).
 struct tcp_options {
-  std::string interface;  ///< Interfaces to choose from; default: that of the default route (lo
-                          ///< when the store is on loopback).
+  std::string interface{};  ///< Interfaces to choose from; default: that of the default route
+                            ///< (lo when the store is on loopback).
   tcp_family family = tcp_family::any;  ///< any: IPv4 where the interface has it, else IPv6.
-  std::string store;                    ///< Where ranks meet; default: MASTER_ADDR:MASTER_PORT.
-  std::string token;                    ///< Shared secret of the job.
+  std::string store{};                  ///< Where ranks meet; default: MASTER_ADDR:MASTER_PORT.
+  std::string token{};                  ///< Shared secret of the job.
   int send_buffer = 0;                  ///< SO_SNDBUF in bytes; 0 keeps the kernel's autotuning.
   int recv_buffer = 0;                  ///< SO_RCVBUF in bytes; 0 keeps the kernel's autotuning.
   std::chrono::milliseconds connect_timeout{
@@ -103,7 +103,7 @@ struct tcp_options {
       -1};  ///< Busy-polling in `wait`; negative: 50 us, or 200 us when ranks outnumber cores
             ///< (a rank that outnumbers gives its core away on every round of it).
   std::function<void(std::string_view)>
-      log;  ///< Refused connections and the like; default: stderr.
+      log{};  ///< Refused connections and the like; default: stderr.
 };
 
 /// The TCP transport; models `cohort::transport`. Movable; not thread-safe.
