@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
     chosen.assign(contenders, false);
     chosen[0] = true;
     for (double c : cb::numbers(only)) {
-      if (c < 0 || c >= contenders) {
+      if (c < 0 || c >= contenders || c != static_cast<int>(c)) {
         std::fprintf(stderr, "--only: %g is not a row (0 to %d)\n", c, contenders - 1);
         return 2;
       }

@@ -74,7 +74,7 @@ def main():
     # -Og -g1: line numbers in every report, assertions on (buildtype plain does not define
     # NDEBUG). -Og compiles in about half the time of -O1 under ASan+UBSan (104 s -> 53 s for
     # tests/collectives/loopback.cpp, 135 s -> 77 s for tests/faults/soak.cpp) and in 0.6 of it
-    # under TSan, and its programs run within 1.1x of -O1's; -O0 would compile faster still, but
+    # under TSan, and its programs take 1.0 to 1.3 times -O1's time; -O0 would compile faster, but
     # its programs run 2 to 4 times slower under the sanitizers, which costs more than it saves.
     flags = "-Og -g1 -fno-sanitize-recover=all -fno-omit-frame-pointer"
     t0 = time.monotonic()
