@@ -71,11 +71,14 @@ def main():
     build = pathlib.Path(a.build)
     env = dict(os.environ)
     env["CXX"] = " ".join(shlex.quote(c) for c in a.cxx)
-    # -Og -g1: line numbers in every report, assertions on (buildtype plain does not define
-    # NDEBUG). -Og compiles in about half the time of -O1 under ASan+UBSan (104 s -> 53 s for
-    # tests/collectives/loopback.cpp, 135 s -> 77 s for tests/faults/soak.cpp) and in 0.6 of it
-    # under TSan, and its programs take 1.0 to 1.3 times -O1's time; -O0 would compile faster, but
-    # its programs run 2 to 4 times slower under the sanitizers, which costs more than it saves.
+    # -Og -g1: line numbers in every report; -Og after every program's own level (-O0 for
+    # those that move little data in the fast tier, tests/meson.build), as -O0 saves little
+    # here (tests/faults/process.cpp under ASan+UBSan: 36 s against 42 s) and runs 1.6 to 4
+    # times slower under the sanitizers. -Og compiles in about half the time of -O1 under
+    # ASan+UBSan (104 s -> 53 s for tests/collectives/loopback.cpp, 135 s -> 77 s for
+    # tests/faults/soak.cpp) and in 0.6 of it under TSan, and its programs take 1.0 to 1.3 times
+    # -O1's time. Assertions on (-Db_ndebug=false: the project's b_ndebug=if-release defines
+    # NDEBUG under buildtype plain).
     flags = "-Og -g1 -fno-sanitize-recover=all -fno-omit-frame-pointer"
     t0 = time.monotonic()
     if not (build / "build.ninja").exists():
@@ -84,6 +87,7 @@ def main():
         # working directory, and the two sanitizer runs start side by side in the same one.
         build.mkdir(parents=True, exist_ok=True)
         rc = run(["meson", "setup", str(build), a.source, "--buildtype=plain",
+                  "-Db_ndebug=false",
                   "-Db_sanitize=" + a.sanitize, "-Db_lundef=false", "-Dcuda=disabled",
                   "-Dcompile_checks=false", "-Dsanitizer_runs=disabled",
                   "-Dcpp_args=" + flags, "-Dcpp_link_args=" + flags], env, cwd=build)
