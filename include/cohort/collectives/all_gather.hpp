@@ -22,8 +22,8 @@ failure all_gather(Comm& comm, const T* in, std::size_t n, T* out, std::size_t o
   const int p = c.size();
   T* mine = out + n * c.rank();
   if (out_n / p < n)
-    return c.invalid("output holds " + std::to_string(out_n) + " elements, " +
-                     std::to_string(p) + " ranks x " + std::to_string(n) + " needed"), c.result();
+    return c.invalid(text("output holds ", out_n, " elements, ", p, " ranks x ", n, " needed")),
+           c.result();
   if (in != mine && partly_overlap(in, n, static_cast<const T*>(out), out_n))
     return c.invalid("input overlaps output without being this rank's block of it"), c.result();
   if (!c.start()) return c.result();

@@ -55,8 +55,7 @@ failure all_reduce(Comm& comm, const T* in, std::size_t n, T* out, std::size_t o
   c.template describe_data<T>(n);
   c.template describe_op<Op>();
   if (out_n < n)
-    return c.invalid("output holds " + std::to_string(out_n) + " elements, input " +
-                     std::to_string(n)), c.result();
+    return c.invalid(text("output holds ", out_n, " elements, input ", n)), c.result();
   if (partly_overlap(in, n, out, out_n))
     return c.invalid("input and output overlap without being the same buffer"), c.result();
   if (!c.start()) return c.result();

@@ -21,8 +21,7 @@ failure broadcast(Comm& comm, const T* in, T* data, std::size_t n, int root,
   c.template describe_data<T>(n);
   c.describe_root(root);
   if (root < 0 || root >= c.size())
-    return c.invalid("root " + std::to_string(root) + " is not a rank of a group of " +
-                     std::to_string(c.size())), c.result();
+    return c.invalid(text("root ", root, " is not a rank of a group of ", c.size())), c.result();
   if (c.rank() == root && partly_overlap(in, n, static_cast<const T*>(data), n))
     return c.invalid("input and output overlap without being the same buffer"), c.result();
   const int p = c.size();

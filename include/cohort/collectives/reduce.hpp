@@ -23,11 +23,9 @@ failure reduce(Comm& comm, const T* in, std::size_t n, T* out, std::size_t out_n
   c.describe_root(root);
   const int p = c.size(), r = c.rank();
   if (root < 0 || root >= p)
-    return c.invalid("root " + std::to_string(root) + " is not a rank of a group of " +
-                     std::to_string(p)), c.result();
+    return c.invalid(text("root ", root, " is not a rank of a group of ", p)), c.result();
   if (r == root && out_n < n)
-    return c.invalid("output holds " + std::to_string(out_n) + " elements, input " +
-                     std::to_string(n)), c.result();
+    return c.invalid(text("output holds ", out_n, " elements, input ", n)), c.result();
   if (r == root && partly_overlap(in, n, static_cast<const T*>(out), out_n))
     return c.invalid("input and output overlap without being the same buffer"), c.result();
   // The chain's first rank only sends (commutative ops; see below).

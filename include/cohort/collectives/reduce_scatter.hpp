@@ -28,8 +28,8 @@ failure reduce_scatter(Comm& comm, const T* in, std::size_t n, T* out, std::size
   const block mine = block_of(n, p, c.rank());
   const bool in_place = out == in + mine.offset;
   if (out_n < mine.count)
-    return c.invalid("output holds " + std::to_string(out_n) + " elements, this rank's block " +
-                     std::to_string(mine.count)), c.result();
+    return c.invalid(text("output holds ", out_n, " elements, this rank's block ", mine.count)),
+           c.result();
   if (!in_place && partly_overlap(in, n, static_cast<const T*>(out), mine.count))
     return c.invalid("input and output overlap, and output is not this rank's block of input"),
            c.result();

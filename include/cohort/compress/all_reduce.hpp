@@ -75,8 +75,7 @@ failure compressed_all_reduce(Comm& comm, std::span<float> data, Codec& codec, c
     if (!codec.fits(n)) return c.invalid(codec.size_error(n)), c.result();
   }
   if (kind == compress::aggregation::gather && n >= (std::size_t{1} << 32))
-    return c.invalid("top-k indices are 32-bit: " + std::to_string(n) + " floats is too many"),
-           c.result();
+    return c.invalid(text("top-k indices are 32-bit: ", n, " floats is too many")), c.result();
   if (!c.start()) return c.result();
 
   const W* wire = nullptr;
