@@ -90,8 +90,8 @@ inline constexpr std::size_t deferred_send_bytes = [] {
 
 // Error messages are built only on the paths that fail. Their functions are cold: the
 // compiler optimizes them for size and keeps them out of line, so that each collective's code
-// carries a call where it would carry the string operations (a third of the code that one
-// all_reduce generates, and of the time to compile it at -O2).
+// carries a call where it would carry the string operations (12 of the 50 KB of code that one
+// all_reduce over loopback generated, and a tenth of the time to compile it at -O2).
 inline void append_text(std::string& s, std::string_view v) { s += v; }
 template <std::integral I>
 void append_text(std::string& s, I v) { s += std::to_string(v); }
