@@ -4,7 +4,8 @@
 // bytes of a peer's hello (shorter inputs are padded with zeros, as a truncated hello would be
 // read into a zeroed buffer). Checks: a hello is accepted only when magic, version, reserved
 // bytes, token, job id, world size and rank all hold; what is accepted encodes back to a hello
-// that is accepted the same way; a refusal always says why. Also the secret comparison.
+// that is accepted the same way; a refusal always says why. Also the secret comparison, and the
+// leaving answer (decode_leaving) on the same bytes.
 #include <array>
 #include <cstdint>
 #include <cstdio>
@@ -61,5 +62,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string_view mine(token), theirs(reinterpret_cast<const char*>(p + 32 + tcpd::max_job_id), std::min<std::size_t>(tl, tcpd::max_token));
   if (tcpd::equal_secret(mine, theirs) != (mine == theirs) || tcpd::equal_secret(theirs, mine) != (mine == theirs))
     fail("equal_secret disagrees with ==");
+  // A leaving answer is never a hello, and what it carries stays inside the 256 bytes and the
+  // job's ranks; what is decoded encodes back to the same answer.
+  if (const auto left = tcpd::decode_leaving(b, world)) {
+    if (why.empty()) fail("a hello that is also a leaving answer");
+    if (left->peer < 0 || left->peer >= world) fail("a leaving answer from a rank out of range");
+    if (left->what.size() > tcpd::hello_size - 32) fail("a leaving answer's text past its end");
+    if (!tcpd::decode_leaving(tcpd::encode_leaving(left->peer, *left), world)) fail("leaving round trip refused");
+  }
   return 0;
 }

@@ -45,6 +45,15 @@ def hello(rank, size, job, token, magic=HELLO_MAGIC, version=PROTOCOL_VERSION, j
     return b
 
 
+def leaving(origin, value, cat, text, text_len=None):
+    """A rank's answer to a hello when it gives up on the job: a refusal with rank -2, then an
+    abort payload."""
+    text_len = len(text) if text_len is None else text_len
+    b = struct.pack("<QIi", HELLO_MAGIC, PROTOCOL_VERSION, -2)
+    b += struct.pack("<iiBxxxI", origin, value, cat, text_len) + text
+    return b.ljust(256, b"\0")[:256]
+
+
 # tcp_store_protocol.hpp
 STORE_MAGIC = 0x524F545354524843
 SET, GET, ADD, WAIT = 1, 2, 3, 4
@@ -127,6 +136,11 @@ def handshake_seeds():
         bytes([(1 << 4) | (1 << 2) | 1]) + hello(0, 2, b"", b""),
         bytes([(7 << 4) | (2 << 2) | 2]) + hello(7, 8, b"j" * 128, b"t" * 96),
         bytes([(0 << 4) | (3 << 2) | 3]) + hello(0, 1, b"torchrun-1234", b"s3cr3t-token-0123456789"),
+        # leaving answers: rank 1 gave up (peer_lost), one whose text length runs past the end,
+        # one from a rank outside the job
+        bytes([c]) + leaving(1, 5, 0, b"rendezvous: lost rank 0 at 127.0.0.1:4000"),
+        bytes([c]) + leaving(1, 5, 0, b"x" * 10, text_len=225),
+        bytes([c]) + leaving(4, 5, 0, b"out of range"),
     ]
 
 

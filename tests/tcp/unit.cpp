@@ -281,6 +281,33 @@ TEST_CASE("tcp wire: frame headers and abort frames") {
   CHECK(generic->code == std::errc::io_error);
 }
 
+TEST_CASE("tcp wire: a leaving answer carries who gave up and why, and is no hello") {
+  const cohort::failure f{cohort::make_error_code(cohort::errc::peer_lost), 0,
+                          "rendezvous: lost rank 0 at 127.0.0.1:4000 during the handshake"};
+  const auto b = tcpd::encode_leaving(1, f);
+  const auto back = tcpd::decode_leaving(b, 3);
+  REQUIRE(back);
+  CHECK(back->peer == 1);  // who left; its text names the cause
+  CHECK(back->code == cohort::errc::peer_lost);
+  CHECK(back->what == f.what);
+  CHECK_FALSE(tcpd::is_refusal(b));
+  tcpd::hello peer;
+  CHECK_FALSE(tcpd::check_hello(b, "job-a", 3, "", peer).empty());
+  CHECK_FALSE(tcpd::decode_leaving(b, 1));  // the origin is not a rank of this job
+  CHECK_FALSE(tcpd::decode_leaving(tcpd::encode_refusal(), 3));
+  CHECK_FALSE(tcpd::decode_leaving(tcpd::encode_hello({1, 3, "job-a", ""}), 3));
+  // A long reason is cut to what fits; a length field past the end is not believed.
+  const cohort::failure long_one{std::make_error_code(std::errc::io_error), 0,
+                                 std::string(1000, 'x')};
+  auto cut = tcpd::encode_leaving(2, long_one);
+  const auto short_back = tcpd::decode_leaving(cut, 3);
+  REQUIRE(short_back);
+  CHECK(short_back->code == std::errc::io_error);
+  CHECK(short_back->what == std::string(tcpd::hello_size - 32, 'x'));
+  tcpd::store_le<std::uint32_t>(cut.data() + 28, tcpd::hello_size);
+  CHECK_FALSE(tcpd::decode_leaving(cut, 3));
+}
+
 TEST_CASE("tcp net: interface lists and the loopback default") {
   CHECK(tcpd::interface_matches("", "eth0"));
   CHECK(tcpd::interface_matches("eth", "eth0"));
@@ -1108,6 +1135,139 @@ TEST_CASE(
     INFO("rank ", r, ": ", codes[r].message());
     CHECK(codes[r] == cohort::errc::peer_lost);
     CHECK(took[r] < 5s);
+  }
+}
+
+namespace {
+
+// A listening socket on 127.0.0.1 at a port the kernel picks: a rank played by hand.
+struct hand_listener {
+  net::unique_fd fd{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
+  int port = 0;
+  hand_listener() {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(fd.get(), 8) == 0);
+    socklen_t len = sizeof a;
+    ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len);
+    port = ntohs(a.sin_port);
+  }
+};
+
+// Connects to the rank whose address `store` holds under `key`, as a rank played by hand.
+net::unique_fd connect_to_published(cohort::store& store, const std::string& key) {
+  const auto addr = store.get(key, cohort::clock::now() + 10s);
+  const auto space = addr.find(' ');
+  net::endpoint e;
+  REQUIRE(net::numeric_endpoint(addr.substr(0, space), std::stoi(addr.substr(space + 1)), e));
+  std::error_code ec;
+  auto fd = net::connect_to(e, cohort::clock::now() + 5s, ec);
+  REQUIRE_FALSE(ec);
+  return fd;
+}
+
+// What rank 1 told the hand-played rank 2 on `fd` once it gave up: a leaving answer, or (when
+// it had answered the hello before it gave up) its hello and then an abort frame. Either way the
+// failure it relays; nullopt (and why, in `what`) when the connection ended without one.
+std::optional<cohort::failure> told_why(int fd, const std::string& job, std::string& what) {
+  std::array<std::byte, tcpd::hello_size> answer{};
+  std::error_code ec;
+  net::recv_all(fd, answer.data(), answer.size(), cohort::clock::now() + 10s, ec);
+  if (ec) {
+    what = "no answer to the hello: " + ec.message();
+    return std::nullopt;
+  }
+  if (auto left = tcpd::decode_leaving(answer, 3)) return left;
+  tcpd::hello peer;
+  if (const auto why = tcpd::check_hello(answer, job, 3, "t", peer); !why.empty()) {
+    what = "an answer that is neither a leaving answer nor a hello: " + why;
+    return std::nullopt;
+  }
+  std::byte header[tcpd::frame_header_size];
+  net::recv_all(fd, header, sizeof header, cohort::clock::now() + 10s, ec);
+  const auto h = ec ? std::nullopt : tcpd::decode_frame_header(header);
+  if (!h || h->type != tcpd::frame_type::abort) {
+    what = "a hello, then no abort frame";
+    return std::nullopt;
+  }
+  std::vector<std::byte> payload(h->length);
+  net::recv_all(fd, payload.data(), payload.size(), cohort::clock::now() + 10s, ec);
+  if (ec) return std::nullopt;
+  return tcpd::decode_abort(payload.data(), h->length, 3);
+}
+
+}  // namespace
+
+// Rank 1 of three gives up while rank 2's hello waits for its answer. Closed unanswered, the
+// socket would reset and rank 2 would report rank 1 lost, a live rank (the flake this guards).
+TEST_CASE("tcp job: a rank that gives up tells a rank whose hello waits for its answer why") {
+  temp_dir d;
+  const std::string job = unique_job("leaving");
+  const std::string addr = "cohort/" + job + "/addr/";
+  auto o = loopback_options();
+  o.token = "t";
+  o.connect_timeout = 10s;
+  std::optional<cohort::error> err;
+  auto rank1 = [&] {
+    cohort::file_store s(d.path);
+    try {
+      auto comm = cohort::make_tcp_communicator(info_for(1, 3, job), s, o);
+    } catch (const cohort::error& e) {
+      err = e;
+    }
+  };
+  const auto hello2 = tcpd::encode_hello({2, 3, job, "t"});
+  std::error_code ec;
+  std::string what;
+
+  SUBCASE("the hello is in the listen queue: rank 0 says the job has 4 ranks") {
+    std::thread t(rank1);
+    cohort::file_store s(d.path);
+    auto c = connect_to_published(s, addr + "1");  // rank 1 waits for the others' addresses
+    net::send_all(c.get(), hello2.data(), hello2.size(), cohort::clock::now() + 5s, ec);
+    REQUIRE_FALSE(ec);
+    s.set(addr + "0", "127.0.0.1 1 4");
+    const auto f = told_why(c.get(), job, what);
+    t.join();
+    REQUIRE(err);
+    CHECK(err->code() == cohort::errc::invalid_argument);
+    INFO(what);
+    REQUIRE(f);
+    CHECK(f->peer == 1);
+    CHECK(f->code == cohort::errc::invalid_argument);
+    CHECK(f->what.find("rank 0 says the job has 4 ranks") != std::string::npos);
+  }
+
+  SUBCASE("the hello comes as rank 1 loses rank 0 mid-handshake") {
+    hand_listener rank0, rank2;
+    std::thread t(rank1);
+    cohort::file_store s(d.path);
+    s.set(addr + "0", "127.0.0.1 " + std::to_string(rank0.port) + " 3");
+    s.set(addr + "2", "127.0.0.1 " + std::to_string(rank2.port) + " 3");
+    auto c = connect_to_published(s, addr + "1");
+    REQUIRE(net::wait_fd(rank0.fd.get(), POLLIN, cohort::clock::now() + 10s));
+    net::unique_fd from1(::accept4(rank0.fd.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    REQUIRE(from1);
+    std::array<std::byte, tcpd::hello_size> theirs{};
+    net::recv_all(from1.get(), theirs.data(), theirs.size(), cohort::clock::now() + 10s, ec);
+    REQUIRE_FALSE(ec);
+    const linger reset{1, 0};  // rank 0 dies: its end resets
+    ::setsockopt(from1.get(), SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+    from1.reset();
+    net::send_all(c.get(), hello2.data(), hello2.size(), cohort::clock::now() + 5s, ec);
+    REQUIRE_FALSE(ec);
+    const auto f = told_why(c.get(), job, what);
+    t.join();
+    REQUIRE(err);
+    CHECK(err->code() == cohort::errc::peer_lost);
+    CHECK(err->peer() == 0);
+    INFO(what);
+    REQUIRE(f);
+    CHECK(f->peer == 1);
+    CHECK(f->code == cohort::errc::peer_lost);
+    CHECK(f->what.find("lost rank 0 ") != std::string::npos);
   }
 }
 

@@ -13,6 +13,8 @@
 #pragma once
 
 #include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/awaitable.hpp>
@@ -102,6 +104,13 @@ class mesh_builder {
   }
 
   mesh run() {
+    mesh m = build();
+    if (m.error.code) leave(m);
+    return m;
+  }
+
+ private:
+  mesh build() {
     started_ = std::chrono::system_clock::now();
     boost::system::error_code bec;
     if (!listen(bec)) return std::move(result_);
@@ -182,7 +191,6 @@ class mesh_builder {
     return std::move(result_);
   }
 
- private:
   // Records the first failure and stops; `run` returns it.
   mesh fail(std::error_code ec, int peer, std::string what) {
     note(ec, peer, std::move(what));
@@ -395,14 +403,15 @@ class mesh_builder {
     });
   }
 
-  asio::awaitable<void> handshake_in(tcp::socket s) {
+  asio::awaitable<void> handshake_in(tcp::socket accepted) {
     boost::system::error_code ig;
-    const auto from = s.remote_endpoint(ig);
+    const auto from = accepted.remote_endpoint(ig);
+    incoming h{std::move(accepted)};
+    tcp::socket& s = h.s;
     asio::steady_timer w(ioc_);
     watchdog(w, s, std::min(cfg_.until, clock::now() + cfg_.handshake_timeout));
-    std::array<std::byte, hello_size> in{};
-    auto [e, n] =
-        co_await asio::async_read(s, asio::buffer(in), asio::as_tuple(asio::use_awaitable));
+    const boost::system::error_code e = co_await read_hello(h);
+    const std::array<std::byte, hello_size>& in = h.in;
     if (e) {
       reject(from, e == asio::error::operation_aborted || e == asio::error::bad_descriptor
                        ? "no hello within the handshake timeout"
@@ -434,6 +443,100 @@ class mesh_builder {
     }
     adopt(peer.rank, s);
     if (--incoming_ == 0) acceptor_.close(ig);
+  }
+
+  // A hello being read by `handshake_in`. Listed in `reading_` until it is whole, so that a rank
+  // that gives up can read the rest and answer it (see `leave`).
+  struct incoming {
+    tcp::socket s;
+    std::array<std::byte, hello_size> in{};
+    std::size_t got = 0;
+  };
+
+  // Reads the rest of `h`'s hello: a wait for readability, then a read that does not block, so
+  // that `h.got` counts every byte taken off the socket even when the context stops with this
+  // coroutine suspended (an Asio read may have taken bytes whose completion never runs).
+  asio::awaitable<boost::system::error_code> read_hello(incoming& h) {
+    struct listed {
+      std::vector<incoming*>& all;
+      incoming* h;
+      ~listed() { std::erase(all, h); }
+    } entry{reading_, &h};
+    reading_.push_back(&h);
+    boost::system::error_code e;
+    h.s.non_blocking(true, e);
+    while (!e && h.got < hello_size) {
+      std::tie(e) =
+          co_await h.s.async_wait(tcp::socket::wait_read, asio::as_tuple(asio::use_awaitable));
+      if (e) break;
+      const std::size_t n = h.s.read_some(asio::buffer(h.in.data() + h.got, hello_size - h.got), e);
+      h.got += n;
+      if (e == asio::error::would_block) e = {};
+    }
+    co_return e;
+  }
+
+  // How long a rank that gives up waits for the rest of the hellos it answers.
+  static constexpr std::chrono::milliseconds leave_bound{200};
+
+  // The mesh failed: answers every hello that waits for an answer, those being read and those of
+  // connections still in the listen queue, with why this rank leaves (`encode_leaving`). A
+  // socket closed with its hello unread sends a reset, and the peer would take this rank for
+  // dead, though it left because of another rank. A hello that is not the job's gets no answer
+  // (no refusal either: it may come from a rank of another job that found this rank's port where
+  // its own dead peer's was, and a refusal would tell it a configuration is wrong); its socket
+  // is closed with nothing unread. Waits for the rest of a hello for up to `leave_bound`, never
+  // past the deadline.
+  void leave(const mesh& m) {
+    boost::system::error_code ig;
+    std::vector<incoming*> open;
+    for (incoming* h : reading_)
+      if (h->s.is_open()) open.push_back(h);
+    std::vector<std::unique_ptr<incoming>> queued;
+    if (acceptor_.is_open()) {
+      acceptor_.non_blocking(true, ig);
+      for (int i = 0; !ig && i < cfg_.size + 64; ++i) {
+        auto h = std::make_unique<incoming>(incoming{tcp::socket(ioc_)});
+        acceptor_.accept(h->s, ig);
+        if (ig) break;
+        h->s.non_blocking(true, ig);
+        open.push_back(h.get());
+        queued.push_back(std::move(h));
+      }
+      acceptor_.close(ig);
+    }
+    const deadline until = std::min(cfg_.until, clock::now() + leave_bound);
+    for (int round = 0; round < 1000; ++round) {
+      std::vector<pollfd> fds;
+      std::vector<incoming*> who;
+      for (incoming* h : open)
+        if (h->s.is_open() && h->got < hello_size) {
+          fds.push_back({h->s.native_handle(), POLLIN, 0});
+          who.push_back(h);
+        }
+      if (fds.empty()) break;
+      if (::poll(fds.data(), fds.size(), net::poll_ms(until)) <= 0) break;
+      for (std::size_t i = 0; i < fds.size(); ++i) {
+        if (fds[i].revents == 0) continue;
+        incoming& h = *who[i];
+        h.got += h.s.read_some(asio::buffer(h.in.data() + h.got, hello_size - h.got), ig);
+        if (ig && ig != asio::error::would_block) h.s.close(ig);
+      }
+    }
+    const failure why{m.error.code, cfg_.rank, m.error.what};
+    for (incoming* h : open) {
+      if (!h->s.is_open() || h->got < hello_size) continue;
+      hello peer;
+      const bool ours = check_hello(h->in, cfg_.job_id, cfg_.size, cfg_.token, peer).empty() &&
+                        peer.rank > cfg_.rank && !m.fds[peer.rank];
+      if (ours) {
+        const auto answer = encode_leaving(cfg_.rank, why);
+        (void)::send(h->s.native_handle(), answer.data(), answer.size(),
+                     MSG_DONTWAIT | MSG_NOSIGNAL);
+        log("answered the hello of rank " + std::to_string(peer.rank) + " with why it leaves");
+      }
+      h->s.shutdown(tcp::socket::shutdown_send, ig);  // nothing unread: closing is a FIN
+    }
   }
 
   void reject(const tcp::endpoint& from, const std::string& why) {
@@ -495,6 +598,12 @@ class mesh_builder {
                "): it exited, crashed or closed the connection");
       co_return;
     }
+    if (const auto left = decode_leaving(in, cfg_.size); left && left->peer == q) {
+      std::string_view why = left->what;
+      if (why.starts_with("rendezvous: ")) why.remove_prefix(12);
+      note(left->code, q, "rendezvous: " + who + " gave up on the job: " + std::string(why));
+      co_return;
+    }
     if (is_refusal(in)) {
       note(make_error_code(errc::protocol_error), q,
            "rendezvous: " + who +
@@ -518,6 +627,7 @@ class mesh_builder {
   // Per peer, see handshake_mark. Declared before ioc_: the coroutine frames that ioc_ destroys
   // still clear their marks.
   std::vector<tcp::socket*> in_handshake_;
+  std::vector<incoming*> reading_;  // see `incoming`
   asio::io_context ioc_{1};
   tcp::acceptor acceptor_;
   mesh result_;

@@ -4,9 +4,10 @@
 /// be tested (and fuzzed) alone.
 ///
 /// Connection: the connecting rank sends a `hello`; the accepting rank checks it and answers
-/// with its own, or with a refusal (`encode_refusal`) before it closes; the connector checks
-/// the answer and closes on any disagreement. So a connector tells a refusal (a wrong token,
-/// job id or world size) from a peer that died or closed during the handshake. Then each
+/// with its own, or with a refusal (`encode_refusal`) before it closes, or, when it gives up on
+/// the job itself, with why (`encode_leaving`); the connector checks the answer and closes on
+/// any disagreement. So a connector tells a refusal (a wrong token, job id or world size) and a
+/// peer that left for a cause from a peer that died during the handshake. Then each
 /// direction is a sequence of frames, each an 8-byte header and a payload:
 ///
 /// | field    | bytes | meaning |
@@ -182,10 +183,10 @@ inline std::optional<frame_header> decode_frame_header(const std::byte* p) noexc
 /// Error categories an abort can carry across the wire; anything else travels as `aborted`.
 enum class wire_category : std::uint8_t { cohort = 0, generic = 1, system = 2 };
 
-/// An abort frame (header and payload) saying that `origin` failed with `f`; returns its size.
-/// Payload: origin 4, code 4, category 1, reserved 3, text length 4, text.
-inline std::size_t encode_abort(std::byte* out, std::size_t capacity, int origin,
-                                const failure& f) noexcept {
+/// The payload of an abort saying that `origin` failed with `f`, its text cut to `max_text`;
+/// returns its size. Payload: origin 4, code 4, category 1, reserved 3, text length 4, text.
+inline std::size_t encode_abort_payload(std::byte* p, std::size_t max_text, int origin,
+                                        const failure& f) noexcept {
   wire_category cat = wire_category::cohort;
   int value = f.code.value();
   if (f.code.category() == std::generic_category())
@@ -194,17 +195,24 @@ inline std::size_t encode_abort(std::byte* out, std::size_t capacity, int origin
     cat = wire_category::system;
   else if (f.code.category() != error_category())
     value = static_cast<int>(errc::aborted);
-  const std::size_t text =
-      std::min({f.what.size(), max_abort_text, capacity - frame_header_size - 16});
-  encode_frame_header(out, frame_type::abort, static_cast<std::uint32_t>(16 + text));
-  std::byte* p = out + frame_header_size;
+  const std::size_t text = std::min(f.what.size(), max_text);
   store_le<std::uint32_t>(p, static_cast<std::uint32_t>(origin));
   store_le<std::uint32_t>(p + 4, static_cast<std::uint32_t>(value));
   p[8] = static_cast<std::byte>(cat);
   p[9] = p[10] = p[11] = std::byte{0};
   store_le<std::uint32_t>(p + 12, static_cast<std::uint32_t>(text));
   std::memcpy(p + 16, f.what.data(), text);
-  return frame_header_size + 16 + text;
+  return 16 + text;
+}
+
+/// An abort frame (header and payload) saying that `origin` failed with `f`; returns its size.
+inline std::size_t encode_abort(std::byte* out, std::size_t capacity, int origin,
+                                const failure& f) noexcept {
+  const std::size_t n = encode_abort_payload(
+      out + frame_header_size, std::min(max_abort_text, capacity - frame_header_size - 16),
+      origin, f);
+  encode_frame_header(out, frame_type::abort, static_cast<std::uint32_t>(n));
+  return frame_header_size + n;
 }
 
 /// Decodes an abort payload of `length` bytes (already checked by `decode_frame_header`) from
@@ -226,6 +234,33 @@ inline std::optional<failure> decode_abort(const std::byte* p, std::uint32_t len
     f.code = std::error_code(value, std::system_category());
   f.what.assign(reinterpret_cast<const char*>(p + 16), text);
   return f;
+}
+
+/// The answer of a rank that gives up on the job while a peer's hello waits for its answer: a
+/// refusal (magic, version) whose rank field is -2, then, from byte 16, an abort payload saying
+/// that `origin` failed and why (its text cut to 224 bytes). The peer then learns the cause
+/// instead of finding the connection closed (or reset, its hello unread) and taking `origin`
+/// for dead. Sent only to a hello that carried the job's token.
+inline std::array<std::byte, hello_size> encode_leaving(int origin, const failure& f) noexcept {
+  std::array<std::byte, hello_size> b{};
+  store_le<std::uint64_t>(b.data(), hello_magic);
+  store_le<std::uint32_t>(b.data() + 8, protocol_version);
+  store_le<std::uint32_t>(b.data() + 12, 0xfffffffeu);
+  encode_abort_payload(b.data() + 16, hello_size - 32, origin, f);
+  return b;
+}
+
+/// The failure a leaving answer (see `encode_leaving`) from a peer of a group of `size` carries;
+/// nullopt when `b` is not one or does not hold together. `check_hello` never accepts it.
+inline std::optional<failure> decode_leaving(std::span<const std::byte, hello_size> b, int size) {
+  const std::byte* p = b.data();
+  if (load_le<std::uint64_t>(p) != hello_magic ||
+      load_le<std::uint32_t>(p + 8) != protocol_version ||
+      load_le<std::uint32_t>(p + 12) != 0xfffffffeu)
+    return std::nullopt;
+  const auto text = load_le<std::uint32_t>(p + 16 + 12);
+  if (text > hello_size - 32) return std::nullopt;
+  return decode_abort(p + 16, 16 + text, size);
 }
 
 }  // namespace cohort::detail::tcp
