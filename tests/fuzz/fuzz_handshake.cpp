@@ -67,7 +67,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (const auto left = tcpd::decode_leaving(b, world)) {
     if (why.empty()) fail("a hello that is also a leaving answer");
     if (left->peer < 0 || left->peer >= world) fail("a leaving answer from a rank out of range");
-    if (left->what.size() > tcpd::hello_size - 32) fail("a leaving answer's text past its end");
+    if (left->what.size() > tcpd::leaving_text_room) fail("a leaving answer's text past its end");
     if (!tcpd::decode_leaving(tcpd::encode_leaving(left->peer, *left), world)) fail("leaving round trip refused");
   }
   return 0;

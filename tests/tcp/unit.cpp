@@ -303,7 +303,7 @@ TEST_CASE("tcp wire: a leaving answer carries who gave up and why, and is no hel
   const auto short_back = tcpd::decode_leaving(cut, 3);
   REQUIRE(short_back);
   CHECK(short_back->code == std::errc::io_error);
-  CHECK(short_back->what == std::string(tcpd::hello_size - 32, 'x'));
+  CHECK(short_back->what == std::string(tcpd::leaving_text_room, 'x'));
   tcpd::store_le<std::uint32_t>(cut.data() + 28, tcpd::hello_size);
   CHECK_FALSE(tcpd::decode_leaving(cut, 3));
 }
@@ -978,6 +978,23 @@ TEST_CASE("tcp job: the collective suite over IPv4 and IPv6 loopback, ranks as t
   }
 }
 
+// The address a rank published under `key` in `store` (waiting up to 10 s for it).
+net::endpoint published_endpoint(cohort::store& store, const std::string& key) {
+  const auto addr = store.get(key, cohort::clock::now() + 10s);
+  const auto space = addr.find(' ');
+  net::endpoint e;
+  REQUIRE(net::numeric_endpoint(addr.substr(0, space), std::stoi(addr.substr(space + 1)), e));
+  return e;
+}
+
+// Connects to the rank whose address `store` holds under `key`, as a rank played by hand.
+net::unique_fd connect_to_published(cohort::store& store, const std::string& key) {
+  std::error_code ec;
+  auto fd = net::connect_to(published_endpoint(store, key), cohort::clock::now() + 5s, ec);
+  REQUIRE_FALSE(ec);
+  return fd;
+}
+
 TEST_CASE("tcp job: a stranger's bytes and a wrong token are refused, the job completes") {
   temp_dir d;
   log_sink sink;
@@ -988,10 +1005,7 @@ TEST_CASE("tcp job: a stranger's bytes and a wrong token are refused, the job co
   std::atomic<bool> strangers_done{false};
   std::thread stranger([&] {
     cohort::file_store s(d.path);
-    const auto addr = s.get("cohort/" + job + "/addr/0", cohort::clock::now() + 10s);
-    const auto space = addr.find(' ');
-    net::endpoint e;
-    REQUIRE(net::numeric_endpoint(addr.substr(0, space), std::stoi(addr.substr(space + 1)), e));
+    const net::endpoint e = published_endpoint(s, "cohort/" + job + "/addr/0");
     std::error_code ec;
     std::vector<net::unique_fd> held;
     // Random bytes.
@@ -1155,18 +1169,6 @@ struct hand_listener {
     port = ntohs(a.sin_port);
   }
 };
-
-// Connects to the rank whose address `store` holds under `key`, as a rank played by hand.
-net::unique_fd connect_to_published(cohort::store& store, const std::string& key) {
-  const auto addr = store.get(key, cohort::clock::now() + 10s);
-  const auto space = addr.find(' ');
-  net::endpoint e;
-  REQUIRE(net::numeric_endpoint(addr.substr(0, space), std::stoi(addr.substr(space + 1)), e));
-  std::error_code ec;
-  auto fd = net::connect_to(e, cohort::clock::now() + 5s, ec);
-  REQUIRE_FALSE(ec);
-  return fd;
-}
 
 // What rank 1 told the hand-played rank 2 on `fd` once it gave up: a leaving answer, or (when
 // it had answered the hello before it gave up) its hello and then an abort frame. Either way the

@@ -451,6 +451,12 @@ class mesh_builder {
     tcp::socket s;
     std::array<std::byte, hello_size> in{};
     std::size_t got = 0;
+
+    // Takes what the socket holds of the rest of the hello, without blocking (the socket is
+    // non-blocking); `e` is `would_block` when nothing more has come yet.
+    void read_available(boost::system::error_code& e) {
+      got += s.read_some(asio::buffer(in.data() + got, hello_size - got), e);
+    }
   };
 
   // Reads the rest of `h`'s hello: a wait for readability, then a read that does not block, so
@@ -469,8 +475,7 @@ class mesh_builder {
       std::tie(e) =
           co_await h.s.async_wait(tcp::socket::wait_read, asio::as_tuple(asio::use_awaitable));
       if (e) break;
-      const std::size_t n = h.s.read_some(asio::buffer(h.in.data() + h.got, hello_size - h.got), e);
-      h.got += n;
+      h.read_available(e);
       if (e == asio::error::would_block) e = {};
     }
     co_return e;
@@ -519,7 +524,7 @@ class mesh_builder {
       for (std::size_t i = 0; i < fds.size(); ++i) {
         if (fds[i].revents == 0) continue;
         incoming& h = *who[i];
-        h.got += h.s.read_some(asio::buffer(h.in.data() + h.got, hello_size - h.got), ig);
+        h.read_available(ig);
         if (ig && ig != asio::error::would_block) h.s.close(ig);
       }
     }

@@ -101,6 +101,10 @@ inline bool equal_secret(std::string_view a, std::string_view b) noexcept {
   return diff == 0;
 }
 
+/// The rank field of a refusal (-1) and of a leaving answer (-2): no rank of any job.
+inline constexpr std::uint32_t refusal_rank = 0xffffffffu;
+inline constexpr std::uint32_t leaving_rank = 0xfffffffeu;
+
 /// The answer to a hello that is refused: a hello with the magic, the version and rank -1,
 /// nothing else (no reason, no job id, no token), so that it tells a stranger nothing the
 /// source code does not. `check_hello` never accepts it.
@@ -108,7 +112,7 @@ inline std::array<std::byte, hello_size> encode_refusal() noexcept {
   std::array<std::byte, hello_size> b{};
   store_le<std::uint64_t>(b.data(), hello_magic);
   store_le<std::uint32_t>(b.data() + 8, protocol_version);
-  store_le<std::uint32_t>(b.data() + 12, 0xffffffffu);
+  store_le<std::uint32_t>(b.data() + 12, refusal_rank);
   return b;
 }
 
@@ -236,17 +240,18 @@ inline std::optional<failure> decode_abort(const std::byte* p, std::uint32_t len
   return f;
 }
 
+/// Room for a leaving answer's text: the hello less the refusal's 16 bytes and the payload's 16.
+inline constexpr std::size_t leaving_text_room = hello_size - 32;
+
 /// The answer of a rank that gives up on the job while a peer's hello waits for its answer: a
 /// refusal (magic, version) whose rank field is -2, then, from byte 16, an abort payload saying
-/// that `origin` failed and why (its text cut to 224 bytes). The peer then learns the cause
-/// instead of finding the connection closed (or reset, its hello unread) and taking `origin`
-/// for dead. Sent only to a hello that carried the job's token.
+/// that `origin` failed and why (its text cut to `leaving_text_room`, 224 bytes). The peer then
+/// learns the cause instead of finding the connection closed (or reset, its hello unread) and
+/// taking `origin` for dead. Sent only to a hello that carried the job's token.
 inline std::array<std::byte, hello_size> encode_leaving(int origin, const failure& f) noexcept {
-  std::array<std::byte, hello_size> b{};
-  store_le<std::uint64_t>(b.data(), hello_magic);
-  store_le<std::uint32_t>(b.data() + 8, protocol_version);
-  store_le<std::uint32_t>(b.data() + 12, 0xfffffffeu);
-  encode_abort_payload(b.data() + 16, hello_size - 32, origin, f);
+  auto b = encode_refusal();
+  store_le<std::uint32_t>(b.data() + 12, leaving_rank);
+  encode_abort_payload(b.data() + 16, leaving_text_room, origin, f);
   return b;
 }
 
@@ -256,10 +261,10 @@ inline std::optional<failure> decode_leaving(std::span<const std::byte, hello_si
   const std::byte* p = b.data();
   if (load_le<std::uint64_t>(p) != hello_magic ||
       load_le<std::uint32_t>(p + 8) != protocol_version ||
-      load_le<std::uint32_t>(p + 12) != 0xfffffffeu)
+      load_le<std::uint32_t>(p + 12) != leaving_rank)
     return std::nullopt;
   const auto text = load_le<std::uint32_t>(p + 16 + 12);
-  if (text > hello_size - 32) return std::nullopt;
+  if (text > leaving_text_room) return std::nullopt;
   return decode_abort(p + 16, 16 + text, size);
 }
 
