@@ -158,7 +158,7 @@ TEST_CASE("after a failure the communicator is poisoned: later calls fail at onc
     auto t0 = std::chrono::steady_clock::now();
     cohort::barrier(comm, {}, ec);
     CHECK(ec == errc::poisoned);
-    CHECK(std::chrono::steady_clock::now() - t0 < 50ms);
+    CHECK(std::chrono::steady_clock::now() - t0 < 1s);  // not the default timeout (30 s)
     try {
       cohort::broadcast(comm, v, 0);
       FAIL("a poisoned communicator accepted a call");

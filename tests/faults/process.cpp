@@ -895,7 +895,8 @@ TEST_CASE("rendezvous: a tcp setup that fails mid-handshake tells the peer that 
 // aborts, and the abort frame cannot be written to that peer. The abort lingers for it only up
 // to the call's deadline, or abort_grace (10 ms) past it where the call timed out: the call
 // returns at its deadline, not abort_linger (1 s) after it (tests/faults/README.md, bug 9).
-// The bound below leaves room for scheduling on a loaded machine.
+// The bound below leaves room for scheduling on a loaded machine (a sanitizer build beside
+// another) and stays 300 ms short of what the defect takes (1500 ms).
 TEST_CASE("stop: a call that times out on a stopped peer returns at its deadline, not "
           "abort_linger after it, over tcp") {
   const cf::job_spec spec = cf::make_spec(cf::kind::tcp, "linger", 2);
@@ -926,7 +927,7 @@ TEST_CASE("stop: a call that times out on a stopped peer returns at its deadline
   CHECK(status[1] == cf::still_stopped);
   CHECK(board[0].code == static_cast<int>(errc::timed_out));
   CHECK(board[0].elapsed_ms >= 500);
-  CHECK(board[0].elapsed_ms < 800);
+  CHECK(board[0].elapsed_ms < 1200);
 }
 
 namespace {
