@@ -978,6 +978,8 @@ TEST_CASE("tcp job: the collective suite over IPv4 and IPv6 loopback, ranks as t
   }
 }
 
+namespace {
+
 // The address a rank published under `key` in `store` (waiting up to 10 s for it).
 net::endpoint published_endpoint(cohort::store& store, const std::string& key) {
   const auto addr = store.get(key, cohort::clock::now() + 10s);
@@ -994,6 +996,8 @@ net::unique_fd connect_to_published(cohort::store& store, const std::string& key
   REQUIRE_FALSE(ec);
   return fd;
 }
+
+}  // namespace
 
 TEST_CASE("tcp job: a stranger's bytes and a wrong token are refused, the job completes") {
   temp_dir d;

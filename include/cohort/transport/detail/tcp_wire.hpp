@@ -240,7 +240,8 @@ inline std::optional<failure> decode_abort(const std::byte* p, std::uint32_t len
   return f;
 }
 
-/// Room for a leaving answer's text: the hello less the refusal's 16 bytes and the payload's 16.
+/// Room for a leaving answer's text: the hello less the refusal's header (16 bytes: magic,
+/// version, rank) and the abort payload's (16).
 inline constexpr std::size_t leaving_text_room = hello_size - 32;
 
 /// The answer of a rank that gives up on the job while a peer's hello waits for its answer: a
