@@ -338,8 +338,9 @@ int wait_for_addresses(const std::string& dir, const std::string& job, int ranks
   std::vector<std::string> keys;
   for (int r = 0; r < ranks; ++r) keys.push_back("cohort/" + job + "/addr/" + std::to_string(r));
   st.wait(keys, cohort::clock::now() + 20s);
-  const auto addr = *st.try_get(keys[0]);
-  return std::atoi(addr.c_str() + addr.find(' ') + 1);
+  const auto a = tcpd::parse_address(*st.try_get(keys[0]));
+  CHECK(a);  // not REQUIRE: the job's processes are still to be reaped
+  return a ? a->port : 0;
 }
 
 }  // namespace

@@ -5,7 +5,8 @@
 // read into a zeroed buffer). Checks: a hello is accepted only when magic, version, reserved
 // bytes, token, job id, world size and rank all hold; what is accepted encodes back to a hello
 // that is accepted the same way; a refusal always says why. Also the secret comparison, and the
-// leaving answer (decode_leaving) on the same bytes.
+// leaving answer (decode_leaving) on the same bytes, and the bytes after the first as a
+// published address (parse_address).
 #include <array>
 #include <cstdint>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include <cohort/transport/detail/tcp_wire.hpp>
 
@@ -69,6 +71,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (left->peer < 0 || left->peer >= world) fail("a leaving answer from a rank out of range");
     if (left->what.size() > tcpd::leaving_text_room) fail("a leaving answer's text past its end");
     if (!tcpd::decode_leaving(tcpd::encode_leaving(left->peer, *left), world)) fail("leaving round trip refused");
+  }
+  // An address is accepted only with a host, a port and a size in range, and formats back to
+  // text that parses the same.
+  const std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
+  if (const auto a = tcpd::parse_address(text)) {
+    if (a->host.empty() || a->host.find(' ') != std::string::npos) fail("an address with a bad host");
+    if (a->port < 1 || a->port > 65535 || a->size < 0) fail("an address with a port or size out of range");
+    const auto twice = tcpd::parse_address(tcpd::format_address(*a));
+    if (!twice || twice->host != a->host || twice->port != a->port || twice->size != a->size)
+      fail("address round trip refused");
   }
   return 0;
 }

@@ -141,6 +141,10 @@ def handshake_seeds():
         bytes([c]) + leaving(1, 5, 0, b"rendezvous: lost rank 0 at 127.0.0.1:4000"),
         bytes([c]) + leaving(1, 5, 0, b"x" * 10, text_len=225),
         bytes([c]) + leaving(4, 5, 0, b"out of range"),
+        # published addresses (parse_address reads the bytes after the choice byte)
+        bytes([c]) + b"127.0.0.1 4000 3",
+        bytes([c]) + b"::1 65535",
+        bytes([c]) + b"10.0.0.2 65536 3",
     ]
 
 

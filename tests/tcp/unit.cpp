@@ -308,6 +308,30 @@ TEST_CASE("tcp wire: a leaving answer carries who gave up and why, and is no hel
   CHECK_FALSE(tcpd::decode_leaving(cut, 3));
 }
 
+TEST_CASE("tcp wire: a published address is host, port and size, and nothing else") {
+  const auto a = tcpd::parse_address(tcpd::format_address({"127.0.0.1", 4000, 3}));
+  REQUIRE(a);
+  CHECK(a->host == "127.0.0.1");
+  CHECK(a->port == 4000);
+  CHECK(a->size == 3);
+  const auto v6 = tcpd::parse_address("::1 65535 12");
+  REQUIRE(v6);
+  CHECK(v6->host == "::1");
+  CHECK(v6->port == 65535);
+  const auto sizeless = tcpd::parse_address("10.0.0.2 1");  // the size is optional
+  REQUIRE(sizeless);
+  CHECK(sizeless->size == 0);
+  CHECK(tcpd::format_address(*sizeless) == "10.0.0.2 1");
+  for (const char* bad : {"", "127.0.0.1", "127.0.0.1 ", " 4000 3", "127.0.0.1 0 3",
+                          "127.0.0.1 65536 3", "127.0.0.1 -1 3", "127.0.0.1 +4000 3",
+                          "127.0.0.1 4000x 3", "127.0.0.1  4000 3", "127.0.0.1 4000 ",
+                          "127.0.0.1 4000 0", "127.0.0.1 4000 -3", "127.0.0.1 4000 3 1",
+                          "127.0.0.1 4000 3x", "127.0.0.1 99999999999 3"}) {
+    INFO("address: \"" << bad << "\"");
+    CHECK_FALSE(tcpd::parse_address(bad));
+  }
+}
+
 TEST_CASE("tcp net: interface lists and the loopback default") {
   CHECK(tcpd::interface_matches("", "eth0"));
   CHECK(tcpd::interface_matches("eth", "eth0"));
@@ -982,10 +1006,10 @@ namespace {
 
 // The address a rank published under `key` in `store` (waiting up to 10 s for it).
 net::endpoint published_endpoint(cohort::store& store, const std::string& key) {
-  const auto addr = store.get(key, cohort::clock::now() + 10s);
-  const auto space = addr.find(' ');
+  const auto a = tcpd::parse_address(store.get(key, cohort::clock::now() + 10s));
+  REQUIRE(a);
   net::endpoint e;
-  REQUIRE(net::numeric_endpoint(addr.substr(0, space), std::stoi(addr.substr(space + 1)), e));
+  REQUIRE(net::numeric_endpoint(a->host, a->port, e));
   return e;
 }
 

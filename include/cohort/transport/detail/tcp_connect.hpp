@@ -31,7 +31,6 @@
 #include <array>
 #include <charconv>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -117,11 +116,8 @@ class mesh_builder {
     const std::string prefix = cfg_.prefix + "addr/";
     const tcp::endpoint mine = acceptor_.local_endpoint(bec);
     std::error_code ec;
-    // "host port size": the size lets every rank see at once that another says the job has a
-    // different number of ranks (else each would wait for ranks that never come).
-    store_.set(prefix + std::to_string(cfg_.rank),
-               host_of(cfg_.local.address, cfg_.local.name) + " " + std::to_string(mine.port()) +
-                   " " + std::to_string(cfg_.size),
+    const std::string host = host_of(cfg_.local.address, cfg_.local.name);
+    store_.set(prefix + std::to_string(cfg_.rank), format_address({host, mine.port(), cfg_.size}),
                ec);
     if (ec)
       return fail(ec, -1, "rendezvous: cannot publish this rank's address: " + store_.last_error());
@@ -134,8 +130,8 @@ class mesh_builder {
       if (told() || refused(missing) || gave_up(missing)) return std::move(result_);
       if (cfg_.rank != 0) {
         const auto v = poll(prefix + "0");
-        if (v && published_size(*v) > 0 && published_size(*v) != cfg_.size)
-          return disagree(0, published_size(*v));
+        const auto a = v ? parse_address(*v) : std::nullopt;
+        if (a && a->size > 0 && a->size != cfg_.size) return disagree(0, a->size);
       }
     }
     if (ec == errc::timed_out && !missing.empty()) {
@@ -155,16 +151,14 @@ class mesh_builder {
       if (ec || !v)
         return fail(ec ? ec : make_error_code(errc::protocol_error), q,
                     "rendezvous: cannot read the address of rank " + std::to_string(q));
-      const auto space = v->find(' ');
+      const auto a = parse_address(*v);
       net::endpoint e;
-      if (space == std::string::npos ||
-          !net::numeric_endpoint(v->substr(0, space), std::atoi(v->c_str() + space + 1), e))
+      if (!a || !net::numeric_endpoint(a->host, a->port, e))
         return fail(make_error_code(errc::protocol_error), q,
                     "rendezvous: rank " + std::to_string(q) + " published a malformed address \"" +
                         *v + "\"");
       peers[q] = to_asio(e);
-      if (const int theirs = published_size(*v); theirs > 0 && theirs != cfg_.size)
-        return disagree(q, theirs);
+      if (a->size > 0 && a->size != cfg_.size) return disagree(q, a->size);
     }
     if (told()) return std::move(result_);
     connecting_ = true;
@@ -236,16 +230,6 @@ class mesh_builder {
   static constexpr std::chrono::milliseconds disagreement_poll{100};
 
   std::string disagreement_key() const { return cfg_.prefix + "disagree"; }
-
-  // The size in a published address ("host port size"), or 0 where there is none.
-  static int published_size(const std::string& v) {
-    const auto first = v.find(' ');
-    const auto last = v.rfind(' ');
-    if (first == std::string::npos || last == first) return 0;
-    int n = 0;
-    const auto [end, e] = std::from_chars(v.data() + last + 1, v.data() + v.size(), n);
-    return e == std::errc{} && end == v.data() + v.size() && n > 0 ? n : 0;
-  }
 
   // Rank `q` says the job has `theirs` ranks: says so at the store, for every rank to see, and
   // fails.

@@ -1,6 +1,6 @@
 /// @file
 /// The bytes of the TCP transport on the wire: the handshake that opens every connection and
-/// the frames that follow it. No Asio, no sockets: plain encoding and validation, so that it can
+/// the frames that follow it, and the address a rank publishes at the store. No Asio, no sockets: plain encoding and validation, so that it can
 /// be tested (and fuzzed) alone.
 ///
 /// Connection: the connecting rank sends a `hello`; the accepting rank checks it and answers
@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -267,6 +268,42 @@ inline std::optional<failure> decode_leaving(std::span<const std::byte, hello_si
   const auto text = load_le<std::uint32_t>(p + 16 + 12);
   if (text > leaving_text_room) return std::nullopt;
   return decode_abort(p + 16, 16 + text, size);
+}
+
+
+/// A rank's listening address as it publishes it at the store for the TCP setup: "host port
+/// size". The size lets every rank see at once that another says the job has a different number
+/// of ranks (else each would wait for ranks that never come).
+struct published_address {
+  std::string host;
+  int port = 0;
+  int size = 0;  ///< 0 where the address carries none
+};
+
+inline std::string format_address(const published_address& a) {
+  std::string v = a.host + " " + std::to_string(a.port);
+  if (a.size > 0) v += " " + std::to_string(a.size);
+  return v;
+}
+
+/// The address `v` holds; nullopt unless it is a host, a port of 1 to 65535 and, optionally, a
+/// size of at least 1, separated by single spaces (the host is checked where it is resolved).
+inline std::optional<published_address> parse_address(std::string_view v) {
+  const auto number = [](std::string_view t, int& out) {
+    const auto [end, e] = std::from_chars(t.data(), t.data() + t.size(), out);
+    return !t.empty() && e == std::errc{} && end == t.data() + t.size();
+  };
+  const auto first = v.find(' ');
+  if (first == 0 || first == std::string_view::npos) return std::nullopt;
+  published_address a;
+  a.host.assign(v.substr(0, first));
+  const auto rest = v.substr(first + 1);
+  const auto second = rest.find(' ');
+  if (!number(rest.substr(0, second), a.port) || a.port < 1 || a.port > 65535)
+    return std::nullopt;
+  if (second != std::string_view::npos && (!number(rest.substr(second + 1), a.size) || a.size < 1))
+    return std::nullopt;
+  return a;
 }
 
 }  // namespace cohort::detail::tcp
