@@ -318,6 +318,11 @@ TEST_CASE("tcp wire: a published address is host, port and size, and nothing els
   REQUIRE(v6);
   CHECK(v6->host == "::1");
   CHECK(v6->port == 65535);
+  CHECK(v6->size == 12);
+  const auto zeros = tcpd::parse_address("10.0.0.2 0080 007");  // decimal, leading zeros read
+  REQUIRE(zeros);
+  CHECK(zeros->port == 80);
+  CHECK(zeros->size == 7);
   const auto sizeless = tcpd::parse_address("10.0.0.2 1");  // the size is optional
   REQUIRE(sizeless);
   CHECK(sizeless->size == 0);
@@ -326,10 +331,12 @@ TEST_CASE("tcp wire: a published address is host, port and size, and nothing els
                           "127.0.0.1 65536 3", "127.0.0.1 -1 3", "127.0.0.1 +4000 3",
                           "127.0.0.1 4000x 3", "127.0.0.1  4000 3", "127.0.0.1 4000 ",
                           "127.0.0.1 4000 0", "127.0.0.1 4000 -3", "127.0.0.1 4000 3 1",
-                          "127.0.0.1 4000 3x", "127.0.0.1 99999999999 3"}) {
+                          "127.0.0.1 4000 3x", "127.0.0.1 99999999999 3",
+                          "127.0.0.1 4000 99999999999", "127.0.0.1\tx 4000 3"}) {
     INFO("address: \"" << bad << "\"");
     CHECK_FALSE(tcpd::parse_address(bad));
   }
+  CHECK_FALSE(tcpd::parse_address(std::string_view("127.0.0.1\0junk 4000 3", 20)));
 }
 
 TEST_CASE("tcp net: interface lists and the loopback default") {
@@ -1022,6 +1029,29 @@ net::unique_fd connect_to_published(cohort::store& store, const std::string& key
 }
 
 }  // namespace
+
+TEST_CASE("tcp job: a peer's malformed address fails the setup, naming the peer and the text") {
+  temp_dir d;
+  const std::string job = unique_job("malformed");
+  auto o = loopback_options();
+  o.token = "t";  // else rank 1 would wait for the token rank 0 publishes
+  o.connect_timeout = 10s;
+  cohort::file_store s(d.path);
+  s.set("cohort/" + job + "/addr/0", "127.0.0.1 4000 two");
+  const auto t0 = cohort::clock::now();
+  try {
+    auto comm = cohort::make_tcp_communicator(info_for(1, 2, job), s, o);
+    FAIL("the setup went on with a malformed address");
+  } catch (const cohort::error& e) {
+    CHECK(e.code() == cohort::errc::protocol_error);
+    CHECK(e.peer() == 0);
+    const std::string what = e.what();
+    INFO(what);
+    CHECK(what.find("rank 0 published a malformed address \"127.0.0.1 4000 two\"") !=
+          std::string::npos);
+  }
+  CHECK(cohort::clock::now() - t0 < 5s);  // at once, not at the deadline
+}
 
 TEST_CASE("tcp job: a stranger's bytes and a wrong token are refused, the job completes") {
   temp_dir d;

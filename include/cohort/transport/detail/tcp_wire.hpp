@@ -1,7 +1,7 @@
 /// @file
 /// The bytes of the TCP transport on the wire: the handshake that opens every connection and
-/// the frames that follow it, and the address a rank publishes at the store. No Asio, no sockets: plain encoding and validation, so that it can
-/// be tested (and fuzzed) alone.
+/// the frames that follow it, and the address a rank publishes at the store. No Asio, no
+/// sockets: plain encoding and validation, so that it can be tested (and fuzzed) alone.
 ///
 /// Connection: the connecting rank sends a `hello`; the accepting rank checks it and answers
 /// with its own, or with a refusal (`encode_refusal`) before it closes, or, when it gives up on
@@ -270,7 +270,6 @@ inline std::optional<failure> decode_leaving(std::span<const std::byte, hello_si
   return decode_abort(p + 16, 16 + text, size);
 }
 
-
 /// A rank's listening address as it publishes it at the store for the TCP setup: "host port
 /// size". The size lets every rank see at once that another says the job has a different number
 /// of ranks (else each would wait for ranks that never come).
@@ -280,14 +279,16 @@ struct published_address {
   int size = 0;  ///< 0 where the address carries none
 };
 
+/// The text of `a`, the size left out where it is 0.
 inline std::string format_address(const published_address& a) {
   std::string v = a.host + " " + std::to_string(a.port);
   if (a.size > 0) v += " " + std::to_string(a.size);
   return v;
 }
 
-/// The address `v` holds; nullopt unless it is a host, a port of 1 to 65535 and, optionally, a
-/// size of at least 1, separated by single spaces (the host is checked where it is resolved).
+/// The address `v` holds; nullopt unless it is a host of printable characters, a port of 1 to
+/// 65535 and, optionally, a size of at least 1, in decimal, separated by single spaces (whether
+/// the host is an address is checked where it is resolved).
 inline std::optional<published_address> parse_address(std::string_view v) {
   const auto number = [](std::string_view t, int& out) {
     const auto [end, e] = std::from_chars(t.data(), t.data() + t.size(), out);
@@ -295,12 +296,14 @@ inline std::optional<published_address> parse_address(std::string_view v) {
   };
   const auto first = v.find(' ');
   if (first == 0 || first == std::string_view::npos) return std::nullopt;
+  const auto host = v.substr(0, first);
+  if (!std::all_of(host.begin(), host.end(), [](char c) { return c > ' ' && c < 0x7f; }))
+    return std::nullopt;
   published_address a;
-  a.host.assign(v.substr(0, first));
+  a.host.assign(host);
   const auto rest = v.substr(first + 1);
   const auto second = rest.find(' ');
-  if (!number(rest.substr(0, second), a.port) || a.port < 1 || a.port > 65535)
-    return std::nullopt;
+  if (!number(rest.substr(0, second), a.port) || a.port < 1 || a.port > 65535) return std::nullopt;
   if (second != std::string_view::npos && (!number(rest.substr(second + 1), a.size) || a.size < 1))
     return std::nullopt;
   return a;
