@@ -72,23 +72,23 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (left->what.size() > tcpd::leaving_text_room) fail("a leaving answer's text past its end");
     if (!tcpd::decode_leaving(tcpd::encode_leaving(left->peer, *left), world)) fail("leaving round trip refused");
   }
-  // An address is accepted only with a printable host, a port and a size in range, and formats
-  // back to text that parses the same.
+  // An address is accepted only with a host without spaces or control bytes, a port and a size
+  // in range, and formats back to text that parses the same.
   const std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
   if (const auto a = tcpd::parse_address(text)) {
     if (a->host.empty()) fail("an address without a host");
     for (const char c : a->host)
-      if (c <= ' ' || c >= 0x7f) fail("an address whose host has a space or a control byte");
+      if (static_cast<unsigned char>(c) <= ' ' || c == 0x7f) fail("an address whose host has a space or a control byte");
     if (a->port < 1 || a->port > 65535 || a->size < 0) fail("an address with a port or size out of range");
     const auto twice = tcpd::parse_address(tcpd::format_address(*a));
     if (!twice || twice->host != a->host || twice->port != a->port || twice->size != a->size)
       fail("address round trip refused");
   }
-  // What a rank would publish (a host of the input's printable bytes, a port and a size from the
-  // choice byte) is read back as written.
+  // What a rank would publish (a host of the input's bytes other than spaces and control bytes, a
+  // port and a size from the choice byte) is read back as written.
   tcpd::published_address made{"", 1 + static_cast<int>(choice * 257u % 65535u), static_cast<int>(choice % 9)};
   for (const char c : text)
-    if (c > ' ' && c < 0x7f && made.host.size() < 64) made.host += c;
+    if (static_cast<unsigned char>(c) > ' ' && c != 0x7f && made.host.size() < 64) made.host += c;
   if (made.host.empty()) made.host = "h";
   const auto back = tcpd::parse_address(tcpd::format_address(made));
   if (!back || back->host != made.host || back->port != made.port || back->size != made.size)

@@ -319,6 +319,9 @@ TEST_CASE("tcp wire: a published address is host, port and size, and nothing els
   CHECK(v6->host == "::1");
   CHECK(v6->port == 65535);
   CHECK(v6->size == 12);
+  const auto scoped = tcpd::parse_address("fe80::1%\xc3\xa9th0 4000 2");  // a UTF-8 interface name
+  REQUIRE(scoped);
+  CHECK(scoped->host == "fe80::1%\xc3\xa9th0");
   const auto zeros = tcpd::parse_address("10.0.0.2 0080 007");  // decimal, leading zeros read
   REQUIRE(zeros);
   CHECK(zeros->port == 80);
@@ -332,7 +335,8 @@ TEST_CASE("tcp wire: a published address is host, port and size, and nothing els
                           "127.0.0.1 4000x 3", "127.0.0.1  4000 3", "127.0.0.1 4000 ",
                           "127.0.0.1 4000 0", "127.0.0.1 4000 -3", "127.0.0.1 4000 3 1",
                           "127.0.0.1 4000 3x", "127.0.0.1 99999999999 3",
-                          "127.0.0.1 4000 99999999999", "127.0.0.1\tx 4000 3"}) {
+                          "127.0.0.1 4000 99999999999", "127.0.0.1\tx 4000 3",
+                          "127.0.0.1\x7f 4000 3"}) {
     INFO("address: \"" << bad << "\"");
     CHECK_FALSE(tcpd::parse_address(bad));
   }

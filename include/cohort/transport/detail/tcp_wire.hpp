@@ -286,9 +286,10 @@ inline std::string format_address(const published_address& a) {
   return v;
 }
 
-/// The address `v` holds; nullopt unless it is a host of printable characters, a port of 1 to
-/// 65535 and, optionally, a size of at least 1, in decimal, separated by single spaces (whether
-/// the host is an address is checked where it is resolved).
+/// The address `v` holds; nullopt unless it is a host without spaces or control characters, a
+/// port of 1 to 65535 and, optionally, a size of at least 1, in decimal, separated by single
+/// spaces (whether the host is an address is checked where it is resolved; bytes past ASCII may
+/// name the interface of a link-local IPv6 address).
 inline std::optional<published_address> parse_address(std::string_view v) {
   const auto number = [](std::string_view t, int& out) {
     const auto [end, e] = std::from_chars(t.data(), t.data() + t.size(), out);
@@ -297,7 +298,8 @@ inline std::optional<published_address> parse_address(std::string_view v) {
   const auto first = v.find(' ');
   if (first == 0 || first == std::string_view::npos) return std::nullopt;
   const auto host = v.substr(0, first);
-  if (!std::all_of(host.begin(), host.end(), [](char c) { return c > ' ' && c < 0x7f; }))
+  const auto plain = [](char c) { return static_cast<unsigned char>(c) > ' ' && c != 0x7f; };
+  if (!std::all_of(host.begin(), host.end(), plain))
     return std::nullopt;
   published_address a;
   a.host.assign(host);
