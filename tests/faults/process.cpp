@@ -746,7 +746,7 @@ pid_t fake_tcp_rank(const std::string& dir, const std::string& job, int rank, in
     ::getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len);
     cohort::file_store st(dir);
     st.set("cohort/" + job + "/addr/" + std::to_string(rank),
-           "127.0.0.1 " + std::to_string(ntohs(a.sin_port)) + " " + std::to_string(size));
+           cohort::detail::tcp::format_address({"127.0.0.1", ntohs(a.sin_port), size}));
     const int c = ::accept(ls, nullptr, nullptr);
     char hello[cohort::detail::tcp::hello_size];
     std::size_t got = 0;

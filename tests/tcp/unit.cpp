@@ -1292,7 +1292,7 @@ TEST_CASE("tcp job: a rank that gives up tells a rank whose hello waits for its 
     auto c = connect_to_published(s, addr + "1");  // rank 1 waits for the others' addresses
     net::send_all(c.get(), hello2.data(), hello2.size(), cohort::clock::now() + 5s, ec);
     REQUIRE_FALSE(ec);
-    s.set(addr + "0", "127.0.0.1 1 4");
+    s.set(addr + "0", tcpd::format_address({"127.0.0.1", 1, 4}));
     const auto f = told_why(c.get(), job, what);
     t.join();
     REQUIRE(err);
@@ -1308,8 +1308,8 @@ TEST_CASE("tcp job: a rank that gives up tells a rank whose hello waits for its 
     hand_listener rank0, rank2;
     std::thread t(rank1);
     cohort::file_store s(d.path);
-    s.set(addr + "0", "127.0.0.1 " + std::to_string(rank0.port) + " 3");
-    s.set(addr + "2", "127.0.0.1 " + std::to_string(rank2.port) + " 3");
+    s.set(addr + "0", tcpd::format_address({"127.0.0.1", rank0.port, 3}));
+    s.set(addr + "2", tcpd::format_address({"127.0.0.1", rank2.port, 3}));
     auto c = connect_to_published(s, addr + "1");
     REQUIRE(net::wait_fd(rank0.fd.get(), POLLIN, cohort::clock::now() + 10s));
     net::unique_fd from1(::accept4(rank0.fd.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
