@@ -49,23 +49,47 @@ inline std::uint64_t mix(std::uint64_t x) {  // splitmix64
 
 // Inputs for which every combination order gives the same exact result: small integers for
 // sums (exact in every float type for P <= 7), powers of two for products, anything for
-// min/max, and full-range integers (which wrap identically in any order).
+// min/max, and full-range integers (which wrap identically in any order). `exact_input` is the
+// value as T, `exact_wide` the same value as the accumulator the reference reduces in; both read
+// tables converted once, as fp16 and bf16 convert in software.
+template <class T, class Op>
+struct exact_table {
+  T value[33];
+  accumulator_t<T> wide[33];
+};
+
+template <class T, class Op>
+const exact_table<T, Op>& exact_values() {
+  static const exact_table<T, Op> table = [] {
+    constexpr float powers[] = {-2.0f, -1.0f, -0.5f, 0.5f, 1.0f, 2.0f};
+    exact_table<T, Op> t{};
+    for (int k = 0; k < 33; ++k) {
+      const float x = std::same_as<Op, ops::prod_t> ? powers[k % 6] : static_cast<float>(k - 16);
+      t.value[k] = T(x);
+      t.wide[k] = widen(t.value[k]);
+    }
+    return t;
+  }();
+  return table;
+}
+
+template <class Op>
+constexpr std::uint64_t exact_choices = std::same_as<Op, ops::prod_t> ? 6 : 33;
+
 template <class T, class Op>
 T exact_input(std::uint64_t seed, int rank, std::size_t i) {
   const std::uint64_t h = mix(seed ^ (std::uint64_t(rank) << 40) ^ i);
+  if constexpr (std::is_integral_v<T>) return static_cast<T>(h);
+  else return exact_values<T, Op>().value[h % exact_choices<Op>];
+}
+
+template <class T, class Op>
+accumulator_t<T> exact_wide(std::uint64_t seed, int rank, std::size_t i) {
   if constexpr (std::is_integral_v<T>) {
-    return static_cast<T>(h);
-  } else if constexpr (std::same_as<Op, ops::prod_t>) {
-    static const T choice[] = {T(-2.0f), T(-1.0f), T(-0.5f), T(0.5f), T(1.0f), T(2.0f)};
-    return choice[h % 6];
+    return exact_input<T, Op>(seed, rank, i);
   } else {
-    // -16..16, converted once (fp16 and bf16 convert in software)
-    static const auto small = [] {
-      std::array<T, 33> v;
-      for (int k = 0; k < 33; ++k) v[k] = T(static_cast<float>(k - 16));
-      return v;
-    }();
-    return small[h % 33];
+    const std::uint64_t h = mix(seed ^ (std::uint64_t(rank) << 40) ^ i);
+    return exact_values<T, Op>().wide[h % exact_choices<Op>];
   }
 }
 
@@ -79,8 +103,14 @@ std::string show(const T& v) {
 }
 
 inline std::uint64_t hash_bytes(std::span<const std::byte> b) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (std::byte x : b) h = (h ^ std::uint64_t(x)) * 1099511628211ull;
+  std::uint64_t h = 1469598103934665603ull ^ b.size();
+  std::size_t i = 0;
+  for (; i + 8 <= b.size(); i += 8) {
+    std::uint64_t word;
+    std::memcpy(&word, b.data() + i, 8);
+    h = mix(h ^ word);
+  }
+  for (; i < b.size(); ++i) h = mix(h ^ std::uint64_t(b[i]));
   return h;
 }
 
@@ -112,10 +142,10 @@ void check(Comm& comm, kind k, const Op& op, std::size_t n, int root, std::uint6
   // The serial reference over [from, from+count): rank order, accumulated as the library does.
   auto reduced = [&](std::size_t from, std::size_t count) {
     std::vector<accumulator_t<T>> acc(count);
-    for (std::size_t i = 0; i < count; ++i) acc[i] = widen(exact_input<T, Op>(seed, 0, from + i));
+    for (std::size_t i = 0; i < count; ++i) acc[i] = exact_wide<T, Op>(seed, 0, from + i);
     for (int q = 1; q < p; ++q)
       for (std::size_t i = 0; i < count; ++i)
-        acc[i] = op(acc[i], widen(exact_input<T, Op>(seed, q, from + i)));
+        acc[i] = op(acc[i], exact_wide<T, Op>(seed, q, from + i));
     std::vector<T> v(count);
     for (std::size_t i = 0; i < count; ++i) {
       if constexpr (finalizing_reduction_for<Op, T>) acc[i] = op.finalize(acc[i], p);
