@@ -296,12 +296,17 @@ void all_gather(H& h, const In& in, Out&& out, const call_options& opts, std::er
                                 std::data(out), std::size(out), opts).code;
 }
 
-/// In place: `data` holds P blocks of size()/P elements; this rank's block is already filled.
+/// In place: `data` holds P blocks of size()/P elements (a size that is not a multiple of P
+/// is `errc::invalid_argument`); this rank's block is already filled.
 template <hierarchical H, mutable_buffer Data>
 void all_gather(H& h, Data&& data, const call_options& opts = {}) {
-  std::span all(data);
-  const std::size_t n = all.size() / static_cast<std::size_t>(h.size());
-  all_gather(h, all.subspan(n * static_cast<std::size_t>(h.rank()), n), all, opts);
+  const std::size_t size = std::size(data);
+  const std::size_t n = size / static_cast<std::size_t>(h.size());
+  auto* all = std::data(data);
+  detail::throw_if_failed(
+      detail::hier::all_gather(h, all + n * static_cast<std::size_t>(h.rank()), n, all, size,
+                               opts, true),
+      "all_gather");
 }
 
 /// broadcast over hosts: the root's rail (a chain across hosts), then every host (a chain from

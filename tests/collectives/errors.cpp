@@ -2,9 +2,13 @@
 // error code, naming the operation and the peer, within the deadline.
 #include "../support.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <latch>
+#include <memory>
 #include <mutex>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include <cohort/cohort.hpp>
@@ -223,6 +227,92 @@ TEST_CASE("bad arguments are rejected before anything is sent, without poisoning
   });
 }
 
+TEST_CASE("an output that starts where the input does is in place only where the call says so") {
+  // reduce_scatter's in-place form is `out == in + own block`, all_gather's `in == out + own
+  // block`. On rank 1 an output at the input's start overlaps the input without being that,
+  // and is refused: it was taken for in place and gave wrong results on the loopback
+  // transport. Rank 0 passes the other rank's block, refused too, so that both reject alike.
+  auto out = run_collecting(2, [](auto& comm) {
+    const std::size_t n = 12;
+    const int other = 1 - comm.rank();
+    std::vector<float> in(n, 1.0f);
+    const cohort::block theirs = cohort::block_of(n, comm.size(), other);
+    std::error_code ec;
+    cohort::reduce_scatter(comm, std::span<const float>(in),
+                           std::span(in.data() + theirs.offset, theirs.count), cohort::ops::sum,
+                           {}, ec);
+    CHECK(ec == errc::invalid_argument);
+    std::vector<float> all(2 * n, 0.0f);
+    cohort::all_gather(comm, std::span<const float>(all.data() + n * other, n), std::span(all),
+                       {}, ec);
+    CHECK(ec == errc::invalid_argument);
+    CHECK_FALSE(comm.poisoned());
+    // The in-place forms themselves, rank 0's at the start of the buffer.
+    const cohort::block mine = cohort::block_of(n, comm.size(), comm.rank());
+    cohort::reduce_scatter(comm, std::span<const float>(in),
+                           std::span(in.data() + mine.offset, mine.count), cohort::ops::sum);
+    CHECK(in[mine.offset] == 2.0f);
+    std::fill(all.begin() + n * comm.rank(), all.begin() + n * (comm.rank() + 1),
+              static_cast<float>(comm.rank() + 1));
+    cohort::all_gather(comm, std::span<const float>(all.data() + n * comm.rank(), n),
+                       std::span(all));
+    CHECK(all[0] == 1.0f);
+    CHECK(all[n] == 2.0f);
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank ", r, ": ", out[r].what);
+    CHECK(!out[r].threw);
+  }
+}
+
+TEST_CASE("an in-place all_gather of a size that is not a multiple of P is a bad argument") {
+  // P = 4 and 10 elements left the last two out; P = 2 and sizes 8 and 9 went unnoticed.
+  auto out = run_collecting(4, [](auto& comm) {
+    std::vector<float> v(10, 1.0f);
+    std::error_code ec;
+    cohort::all_gather(comm, v, {}, ec);
+    CHECK(ec == errc::invalid_argument);
+    CHECK_FALSE(comm.poisoned());
+    std::vector<float> w(static_cast<std::size_t>(8 + comm.rank() % 2));
+    cohort::all_gather(comm, w);
+  });
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank ", r, ": ", out[r].what);
+    REQUIRE(out[r].threw);
+    if (r % 2 == 1) {
+      CHECK(out[r].code == errc::invalid_argument);
+      CHECK(out[r].operation == "all_gather");
+      CHECK(contains(out[r].what, "the buffer holds 9 elements, not a multiple of 4 ranks"));
+    } else {
+      CHECK(out[r].code != std::error_code());  // its peers did not join the call
+    }
+  }
+}
+
+TEST_CASE("run_loopback and its world take at least one rank; a transport a rank of the world") {
+  for (int bad : {0, -1}) {
+    try {
+      cohort::run_loopback(bad, [](auto&) { FAIL("ran"); });
+      FAIL("run_loopback(" << bad << ") returned");
+    } catch (const cohort::error& e) {
+      CHECK(e.code() == errc::invalid_argument);
+      CHECK(e.operation() == "run_loopback");
+      CHECK(contains(e.what(), "at least 1, not " + std::to_string(bad)));
+    }
+    CHECK_THROWS_AS(cohort::loopback_world{bad}, cohort::error);
+  }
+  auto world = std::make_shared<cohort::loopback_world>(2);
+  for (int bad : {-1, 2}) {
+    try {
+      cohort::loopback_transport t(world, bad);
+      FAIL("rank " << bad << " attached");
+    } catch (const cohort::error& e) {
+      CHECK(e.code() == errc::invalid_argument);
+      CHECK(contains(e.what(), "rank " + std::to_string(bad) + " of 2 ranks"));
+    }
+  }
+}
+
 TEST_CASE("error_code overloads of out-of-place broadcast and in-place reduce: results, bad arguments") {
   run_collecting(3, [](auto& comm) {
     const int r = comm.rank();
@@ -263,6 +353,17 @@ TEST_CASE("bad arguments at the root only of an out-of-place broadcast: error_co
     INFO("rank ", r, ": ", codes[r].message());
     CHECK((codes[r] == errc::timed_out || codes[r] == errc::peer_lost));
   }
+}
+
+TEST_CASE("the root's short input of an out-of-place broadcast, thrown: the counts are named") {
+  auto out = run_collecting(2, [](auto& comm) {
+    std::vector<float> in(comm.rank() == 0 ? 3 : 0), out(8);
+    cohort::broadcast(comm, in, out, 0, {.timeout = 300ms});
+  });
+  CHECK(out[0].code == errc::invalid_argument);
+  CHECK(out[0].operation == "broadcast");
+  CHECK(contains(out[0].what, "the root's input holds 3 elements, its output 8"));
+  CHECK(out[1].threw);  // its root never joined
 }
 
 TEST_CASE("a short output at the root only: the root is told, the others fail, none hangs") {
@@ -364,6 +465,30 @@ TEST_CASE("a deadline that is not positive (set_timeout(0ms), .timeout = -5ms) i
     CHECK_THROWS_AS(cohort::barrier(comm, {.timeout = -1ms}), cohort::error);
     cohort::all_reduce(comm, v, cohort::ops::sum, {.timeout = 0ms});  // the default
     CHECK(v[0] == 2.0f);
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank ", r, ": ", out[r].what);
+    CHECK(!out[r].threw);
+  }
+}
+
+TEST_CASE("a deadline past the clock's range is no deadline, not one in the past") {
+  // now + milliseconds::max() overflowed steady_clock's nanoseconds and wrapped into the past:
+  // the rank that waited failed with timed_out at once.
+  using ms = std::chrono::milliseconds;
+  CHECK(cohort::later(cohort::deadline::max(), 2s) == cohort::deadline::max());
+  CHECK(cohort::deadline_after(ms::max()) == cohort::deadline::max());
+  CHECK(cohort::deadline_after(std::chrono::hours::max()) == cohort::deadline::max());
+  const auto now = cohort::clock::now();
+  CHECK(cohort::later(now, 5ms) == now + 5ms);
+  auto out = run_collecting(2, [](auto& comm) {
+    if (comm.rank() == 1) std::this_thread::sleep_for(50ms);
+    std::vector<float> v(16, 1.0f);
+    cohort::all_reduce(comm, v, cohort::ops::sum, {.timeout = ms::max()});
+    CHECK(v[0] == 2.0f);
+    comm.set_timeout(ms::max());
+    if (comm.rank() == 0) std::this_thread::sleep_for(50ms);
+    cohort::barrier(comm);
   });
   for (int r = 0; r < 2; ++r) {
     INFO("rank ", r, ": ", out[r].what);

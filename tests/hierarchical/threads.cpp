@@ -6,6 +6,7 @@
 
 #include <latch>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -152,6 +153,34 @@ TEST_CASE("hierarchical: hosts of different sizes are invalid_argument on every 
   c.join();
   CHECK(codes[0] == 1);
   CHECK(codes[2] == 1);
+}
+
+TEST_CASE("hierarchical: bad buffers are invalid_argument on every rank that passes them") {
+  // 2 hosts x 2 ranks. An in-place all_gather of 10 elements (not a multiple of 4), and outputs
+  // that start at the input without being this rank's block (in place only where they are).
+  run_hierarchical({2, 2}, [](loopback_hier& h) {
+    std::vector<float> v(10, 1.0f);
+    try {
+      cohort::all_gather(h, v);
+      FAIL("an in-place all_gather of 10 elements over 4 ranks was taken");
+    } catch (const cohort::error& e) {
+      CHECK(e.code() == cohort::errc::invalid_argument);
+      CHECK(std::string(e.what()).find("not a multiple of 4 ranks") != std::string::npos);
+    }
+    const std::size_t n = 8;
+    const int other = (h.rank() + 1) % h.size();
+    std::vector<float> in(n, 1.0f), all(4 * n, 0.0f);
+    const cohort::block theirs = cohort::block_of(n, h.size(), other);
+    CHECK_THROWS_AS(cohort::reduce_scatter(h, std::span<const float>(in),
+                                           std::span(in.data() + theirs.offset, theirs.count),
+                                           cohort::ops::sum),
+                    cohort::error);
+    CHECK_THROWS_AS(cohort::all_gather(h, std::span<const float>(all.data() + n * other, n),
+                                       std::span(all)),
+                    cohort::error);
+    cohort::all_reduce(h, in, cohort::ops::sum);  // nothing was sent: the ranks still agree
+    CHECK(in[0] == 4.0f);
+  });
 }
 
 TEST_CASE("hierarchical: compressed all_reduce, exact inside hosts, compressed on the rails") {

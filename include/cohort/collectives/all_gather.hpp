@@ -14,17 +14,22 @@
 namespace cohort {
 namespace detail {
 
+// `in_place`: `out` is the whole buffer of the in-place form, P blocks of n = out_n / P.
 template <communicator Comm, element T>
 failure all_gather(Comm& comm, const T* in, std::size_t n, T* out, std::size_t out_n,
-                   const call_options& opts) {
+                   const call_options& opts, bool in_place = false) {
   call c(comm, collective::all_gather, opts);
   c.template describe_data<T>(n);
   const int p = c.size();
   T* mine = out + n * c.rank();
+  if (in_place && out_n % p != 0)
+    return c.invalid(text("the buffer holds ", out_n, " elements, not a multiple of ", p,
+                          " ranks")),
+           c.result();
   if (out_n / p < n)
     return c.invalid(text("output holds ", out_n, " elements, ", p, " ranks x ", n, " needed")),
            c.result();
-  if (in != mine && partly_overlap(in, n, static_cast<const T*>(out), out_n))
+  if (in != mine && overlap(in, n, static_cast<const T*>(out), out_n))
     return c.invalid("input overlaps output without being this rank's block of it"), c.result();
   if (!c.start()) return c.result();
   if (in != mine && n > 0) std::memcpy(mine, in, n * sizeof(T));
@@ -32,6 +37,13 @@ failure all_gather(Comm& comm, const T* in, std::size_t n, T* out, std::size_t o
   if (all_gather_rows(c, reinterpret_cast<std::byte*>(out), row))
     c.finish();
   return c.result();
+}
+
+template <communicator Comm, element T>
+failure all_gather_in_place(Comm& comm, T* all, std::size_t size, const call_options& opts) {
+  const std::size_t n = size / static_cast<std::size_t>(comm.size());
+  return all_gather(comm, all + n * static_cast<std::size_t>(comm.rank()), n, all, size, opts,
+                    true);
 }
 
 }  // namespace detail
@@ -61,20 +73,18 @@ void all_gather(Comm& comm, const In& in, Out&& out, const call_options& opts,
                           std::data(out), std::size(out), opts).code;
 }
 
-/// In place: `data` holds P blocks of size()/P elements; this rank's block is already filled.
+/// In place: `data` holds P blocks of size()/P elements (a size that is not a multiple of P
+/// is `errc::invalid_argument`); this rank's block is already filled.
 template <communicator Comm, mutable_buffer Data>
 void all_gather(Comm& comm, Data&& data, const call_options& opts = {}) {
-  std::span all(data);
-  const std::size_t n = all.size() / comm.size();
-  all_gather(comm, all.subspan(n * comm.rank(), n), all, opts);
+  detail::throw_if_failed(
+      detail::all_gather_in_place(comm, std::data(data), std::size(data), opts), "all_gather");
 }
 
 /// In place, reporting failure through `ec`.
 template <communicator Comm, mutable_buffer Data>
 void all_gather(Comm& comm, Data&& data, const call_options& opts, std::error_code& ec) {
-  std::span all(data);
-  const std::size_t n = all.size() / comm.size();
-  all_gather(comm, all.subspan(n * comm.rank(), n), all, opts, ec);
+  ec = detail::all_gather_in_place(comm, std::data(data), std::size(data), opts).code;
 }
 
 }  // namespace cohort

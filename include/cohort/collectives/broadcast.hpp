@@ -45,7 +45,9 @@ template <communicator Comm, class In, class Out>
 failure broadcast_buffers(Comm& comm, const In& in, Out& out, int root,
                           const call_options& opts) {
   if (comm.rank() == root && std::size(in) < std::size(out))
-    return {make_error_code(errc::invalid_argument), -1, "broadcast: input shorter than output"};
+    return {make_error_code(errc::invalid_argument), -1,
+            text("broadcast: the root's input holds ", std::size(in), " elements, its output ",
+                 std::size(out))};
   return detail::broadcast(comm, std::data(in), std::data(out),
                            std::size(out), root, opts);
 }

@@ -30,7 +30,7 @@ failure reduce_scatter(Comm& comm, const T* in, std::size_t n, T* out, std::size
   if (out_n < mine.count)
     return c.invalid(text("output holds ", out_n, " elements, this rank's block ", mine.count)),
            c.result();
-  if (!in_place && partly_overlap(in, n, static_cast<const T*>(out), mine.count))
+  if (!in_place && overlap(in, n, static_cast<const T*>(out), mine.count))
     return c.invalid("input and output overlap, and output is not this rank's block of input"),
            c.result();
   if (!c.start()) return c.result();

@@ -66,13 +66,20 @@ template <class In, class Out>
 concept buffer_pair = buffer<In> && mutable_buffer<Out> &&
                       std::same_as<buffer_element_t<In>, buffer_element_t<Out>>;
 
-/// True when [a, a+n) and [b, b+m) share memory but do not start at the same place.
+/// True when [a, a+n) and [b, b+m) share memory.
 template <class T>
-bool partly_overlap(const T* a, std::size_t n, const T* b, std::size_t m) noexcept {
-  if (a == b || n == 0 || m == 0) return false;
+bool overlap(const T* a, std::size_t n, const T* b, std::size_t m) noexcept {
+  if (n == 0 || m == 0) return false;
   // Addresses as integers: a total order over buffers that need not share an array.
   const auto ia = reinterpret_cast<std::uintptr_t>(a), ib = reinterpret_cast<std::uintptr_t>(b);
   return ia < ib + m * sizeof(T) && ib < ia + n * sizeof(T);
+}
+
+/// True when [a, a+n) and [b, b+m) share memory but do not start at the same place: a bad
+/// argument for the calls whose in-place form is `out == in` (all_reduce, reduce, broadcast).
+template <class T>
+bool partly_overlap(const T* a, std::size_t n, const T* b, std::size_t m) noexcept {
+  return a != b && overlap(a, n, b, m);
 }
 
 }  // namespace detail

@@ -12,6 +12,28 @@ using clock = std::chrono::steady_clock;
 /// A point in time after which a wait gives up with `errc::timed_out`.
 using deadline = clock::time_point;
 
+/// `from + d`, saturated: a duration past the clock's range (centuries) gives
+/// `deadline::max()`, no deadline at all, instead of one that wraps into the past.
+template <class Rep, class Period>
+constexpr deadline later(deadline from, std::chrono::duration<Rep, Period> d) noexcept {
+  using D = std::chrono::duration<Rep, Period>;
+  using step = clock::duration;
+  step by;
+  if (d >= std::chrono::duration_cast<D>(step::max())) by = step::max();
+  else if (d <= std::chrono::duration_cast<D>(step::min())) by = step::min();
+  else by = std::chrono::duration_cast<step>(d);
+  step::rep sum;
+  if (__builtin_add_overflow(from.time_since_epoch().count(), by.count(), &sum))
+    return by.count() > 0 ? deadline::max() : deadline::min();
+  return deadline(step(sum));
+}
+
+/// The deadline `timeout` from now (saturated as `later` is).
+template <class Rep, class Period>
+deadline deadline_after(std::chrono::duration<Rep, Period> timeout) noexcept {
+  return later(clock::now(), timeout);
+}
+
 /// The deadline a communicator gives a call unless the call says otherwise.
 inline constexpr std::chrono::milliseconds default_timeout{30'000};
 

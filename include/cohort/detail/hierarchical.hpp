@@ -59,7 +59,7 @@ void finalize_in_place(T* data, std::size_t n, const Op& op, int ranks) {
 class stage_deadline {
  public:
   stage_deadline(const call_options& opts, std::chrono::milliseconds fallback)
-      : until_(clock::now() + (opts.timeout.count() > 0 ? opts.timeout : fallback)),
+      : until_(deadline_after(opts.timeout.count() > 0 ? opts.timeout : fallback)),
         negative_(opts.timeout.count() < 0) {}
   call_options next() const {
     if (negative_) return {.timeout = std::chrono::milliseconds(-1)};  // the stage rejects it
@@ -199,7 +199,7 @@ failure reduce_scatter(H& h, const T* in, std::size_t n, T* out, std::size_t out
   if (out_n < mine.count)
     return invalid(name, "output holds " + std::to_string(out_n) + " elements, this rank's "
                          "block " + std::to_string(mine.count));
-  if (!in_place && partly_overlap(in, n, static_cast<const T*>(out), mine.count))
+  if (!in_place && overlap(in, n, static_cast<const T*>(out), mine.count))
     return invalid(name, "input and output overlap, and output is not this rank's block of input");
   if constexpr (!is_commutative_v<Op>) {
     // Ordered ops: the whole reduction in rank order, then this rank's block.
@@ -238,16 +238,20 @@ failure reduce_scatter(H& h, const T* in, std::size_t n, T* out, std::size_t out
   }
 }
 
+// `in_place`: `out` is the whole buffer of the in-place form, P blocks of n = out_n / P.
 template <class H, element T>
 failure all_gather(H& h, const T* in, std::size_t n, T* out, std::size_t out_n,
-                   const call_options& opts) {
+                   const call_options& opts, bool in_place = false) {
   constexpr std::string_view name = "all_gather";
   const int p = h.size(), l_size = h.local_size(), l = h.local_rank(), hosts = h.hosts();
   const std::size_t row = n * sizeof(T);
+  if (in_place && out_n % static_cast<std::size_t>(p) != 0)
+    return invalid(name, "the buffer holds " + std::to_string(out_n) +
+                             " elements, not a multiple of " + std::to_string(p) + " ranks");
   if (out_n / static_cast<std::size_t>(p) < n)
     return invalid(name, "output holds " + std::to_string(out_n) + " elements, " +
                              std::to_string(p) + " ranks x " + std::to_string(n) + " needed");
-  if (in != out + n * h.rank() && partly_overlap(in, n, static_cast<const T*>(out), out_n))
+  if (in != out + n * h.rank() && overlap(in, n, static_cast<const T*>(out), out_n))
     return invalid(name, "input overlaps output without being this rank's block of it");
   if (failure f = h.enter(name, opts); f.code) return f;
   const stage_deadline d(opts, h.timeout());
@@ -289,7 +293,8 @@ failure broadcast(H& h, const T* in, T* data, std::size_t n, int root, const cal
 template <class H, class In, class Out>
 failure broadcast_buffers(H& h, const In& in, Out& out, int root, const call_options& opts) {
   if (h.rank() == root && std::size(in) < std::size(out))
-    return invalid("broadcast", "input shorter than output");
+    return invalid("broadcast", "the root's input holds " + std::to_string(std::size(in)) +
+                                    " elements, its output " + std::to_string(std::size(out)));
   return hier::broadcast(h, std::data(in), std::data(out), std::size(out),
                          root, opts);
 }

@@ -101,7 +101,7 @@ class membership {
   /// Throws `cohort::error` (operation "elastic.join"): `errc::timed_out` after `join_timeout`,
   /// `errc::aborted` when the job stopped.
   generation join() {
-    const deadline until = clock::now() + o_.join_timeout;
+    const deadline until = deadline_after(o_.join_timeout);
     id_ = s_->add(prefix_ + "id", 1);
     const std::int64_t k = s_->add(prefix_ + "pending/n", 1);
     s_->set(prefix_ + "pending/" + std::to_string(k), std::to_string(id_));
@@ -136,7 +136,7 @@ class membership {
   /// was left out (it came too late) or the job stopped (fewer than `min_size`), each with
   /// its sentence; `errc::timed_out` when no list came within `join_timeout`.
   generation next(const generation& cur) {
-    const deadline until = clock::now() + o_.join_timeout;
+    const deadline until = deadline_after(o_.join_timeout);
     const std::uint64_t g = cur.number + 1;
     if (s_->add(key(g, "claim"), 1) == 1) decide_next(cur);
     auto gen = read_members("elastic.next", g, until);

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cohort/core/communicator.hpp>
 #include <cohort/core/error.hpp>
+#include <cohort/core/options.hpp>
 #include <cohort/parameter_server/detail/protocol.hpp>
 #include <cohort/parameter_server/options.hpp>
 #include <cstddef>
@@ -245,7 +246,7 @@ class server {
   std::size_t windex(const peer& p) const noexcept {
     return static_cast<std::size_t>(roles_.worker_index(p.rank));
   }
-  deadline call_deadline() const { return clock::now() + comm_.timeout(); }
+  deadline call_deadline() const { return deadline_after(comm_.timeout()); }
 
   // True while this server waits for bytes from `p`: its next request, or a push's payload.
   static bool listening(const peer& p) noexcept { return !p.pending || p.receiving; }

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cohort/core/communicator.hpp>
 #include <cohort/core/error.hpp>
+#include <cohort/core/options.hpp>
 #include <cohort/parameter_server/detail/protocol.hpp>
 #include <cohort/parameter_server/options.hpp>
 #include <cstddef>
@@ -158,7 +159,7 @@ class worker {
       sends.push_back(t.send(s, std::as_bytes(std::span(&bye_, 1))));
     for (int s = 0; s < roles_.servers; ++s) {
       std::error_code ec;
-      t.wait(sends[static_cast<std::size_t>(s)], clock::now() + comm_.timeout(), ec);
+      t.wait(sends[static_cast<std::size_t>(s)], deadline_after(comm_.timeout()), ec);
       if (ec) {
         what_op_ = "ps::finish";
         transport_failed(s, ec, "ps::finish", "server rank " + std::to_string(s));
@@ -230,7 +231,7 @@ class worker {
     auto& t = comm_.transport();
     what_op_ = std::string("ps::") + detail::op_name(o.kind);
     for (part& p : o.parts) {
-      t.wait(p.rep_req, clock::now() + comm_.timeout(), ec);
+      t.wait(p.rep_req, deadline_after(comm_.timeout()), ec);
       if (ec)
         return transport_failed(p.server, ec, what_op_ + " of key " + std::to_string(o.key),
                                 describe(p));
@@ -244,7 +245,7 @@ class worker {
         return;
       }
       if (o.kind == detail::op::pull) {
-        t.wait(p.data_req, clock::now() + comm_.timeout(), ec);
+        t.wait(p.data_req, deadline_after(comm_.timeout()), ec);
         if (ec)
           return transport_failed(p.server, ec, what_op_ + " of key " + std::to_string(o.key),
                                   describe(p));

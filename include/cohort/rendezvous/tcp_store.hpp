@@ -62,13 +62,13 @@ class tcp_store final : public store {
     namespace w = detail::store_wire;
     if (!check_key(key, ec) || !check_value(value, ec)) return;
     reply r;
-    roundtrip(w::op::set, key, value, 0, clock::now() + opts_.timeout, r, ec);
+    roundtrip(w::op::set, key, value, 0, deadline_after(opts_.timeout), r, ec);
     if (!ec && r.s != w::status::ok)  // refused: the store is full
       fail(ec, errc::invalid_argument, "set: " + r.payload + " (key \"" + std::string(key) + "\")");
   }
 
   std::optional<std::string> do_try_get(std::string_view key, std::error_code& ec) override {
-    return do_try_get_until(key, clock::now() + opts_.timeout, ec);
+    return do_try_get_until(key, deadline_after(opts_.timeout), ec);
   }
 
   std::optional<std::string> do_try_get_until(std::string_view key, deadline until,
@@ -76,7 +76,7 @@ class tcp_store final : public store {
     namespace w = detail::store_wire;
     if (!check_key(key, ec)) return std::nullopt;
     reply r;
-    roundtrip(w::op::get, key, {}, 0, std::min(until, clock::now() + opts_.timeout), r, ec);
+    roundtrip(w::op::get, key, {}, 0, std::min(until, deadline_after(opts_.timeout)), r, ec);
     if (ec || r.s != w::status::ok) return std::nullopt;
     return std::move(r.payload);
   }
@@ -85,7 +85,7 @@ class tcp_store final : public store {
     namespace w = detail::store_wire;
     if (!check_key(key, ec)) return 0;
     reply r;
-    roundtrip(w::op::add, key, {}, n, clock::now() + opts_.timeout, r, ec);
+    roundtrip(w::op::add, key, {}, n, deadline_after(opts_.timeout), r, ec);
     if (!ec && r.s != w::status::ok)
       fail(ec, errc::invalid_argument, "add: " + r.payload + " (key \"" + std::string(key) + "\")");
     return r.number;
@@ -102,7 +102,7 @@ class tcp_store final : public store {
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - clock::now()).count();
     reply r;
     // The server answers at `until`; allow it a moment to do so.
-    roundtrip(w::op::wait, {}, list, std::max<long long>(left, 0), until + std::chrono::seconds(2),
+    roundtrip(w::op::wait, {}, list, std::max<long long>(left, 0), later(until, std::chrono::seconds(2)),
               r, ec);
     if (ec) return all;
     if (r.s == w::status::ok) return {};

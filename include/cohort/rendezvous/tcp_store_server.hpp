@@ -256,7 +256,7 @@ class tcp_store_server {
         }
         if (stop_.load() && !stopping) {
           stopping = true;
-          stop_at = clock::now() + opts_.linger;
+          stop_at = deadline_after(opts_.linger);
         }
       }
       const std::size_t polled = pfds.size() - 2;
@@ -329,7 +329,7 @@ class tcp_store_server {
       auto c = std::make_unique<client>();
       c->fd.reset(fd);
       c->peer = e.text();
-      c->admit_by = clock::now() + opts_.hello_timeout;
+      c->admit_by = deadline_after(opts_.hello_timeout);
       c->moved = clock::now();
       clients_.push_back(std::move(c));
     }

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -63,12 +64,23 @@ struct rank_state {
 /// The shared state of one in-process group; every `loopback_transport` of it points here.
 class loopback_world {
  public:
-  /// A group of `size` ranks, none of them attached yet.
+  /// A group of `size` ranks, none of them attached yet. Throws `cohort::error`
+  /// (`errc::invalid_argument`) unless `size` is at least 1.
   explicit loopback_world(int size)
-      : size_(size), channels_(static_cast<std::size_t>(size) * size), ranks_(size) {}
+      : size_(checked_size(size, "loopback_world")),
+        channels_(static_cast<std::size_t>(size) * size), ranks_(size) {}
 
   /// The number of ranks.
   int size() const { return size_; }
+
+  /// `size`, or `errc::invalid_argument` naming `operation` unless it is at least 1.
+  static int checked_size(int size, const char* operation) {
+    if (size < 1)
+      throw error(errc::invalid_argument, operation, -1,
+                  std::string(operation) + ": the rank count must be at least 1, not " +
+                      std::to_string(size));
+    return size;
+  }
 
  private:
   friend class loopback_transport;
@@ -99,10 +111,11 @@ class loopback_transport {
     std::uint64_t end = 0;
   };
 
-  /// Attaches as `rank` of `world`; each rank is attached once.
+  /// Attaches as `rank` of `world`; each rank is attached once. Throws `cohort::error`
+  /// (`errc::invalid_argument`) for a rank outside [0, world size).
   loopback_transport(std::shared_ptr<loopback_world> world, int rank)
-      : world_(std::move(world)), rank_(rank), posted_(world_->size()), recv_end_(world_->size()),
-        send_end_(world_->size()) {}
+      : world_(std::move(world)), rank_(checked_rank(*world_, rank)), posted_(world_->size()),
+        recv_end_(world_->size()), send_end_(world_->size()) {}
 
   loopback_transport(loopback_transport&&) noexcept = default;
   loopback_transport& operator=(loopback_transport&&) = delete;
@@ -205,6 +218,14 @@ class loopback_transport {
     std::size_t size;
   };
 
+  static int checked_rank(const loopback_world& world, int rank) {
+    if (rank < 0 || rank >= world.size())
+      throw error(errc::invalid_argument, "loopback_transport", -1,
+                  "loopback_transport: rank " + std::to_string(rank) + " of " +
+                      std::to_string(world.size()) + " ranks");
+    return rank;
+  }
+
   void withdraw_sends() {
     for (int p = 0; p < size(); ++p)
       if (p != rank_) world_->channel(rank_, p).withdraw();
@@ -301,6 +322,7 @@ using loopback_communicator = basic_communicator<loopback_transport>;
 /// `coalesces_sends`), so that the schedules chosen for them run between threads too.
 template <class Transport = loopback_transport, class Fn>
 void run_loopback(int ranks, Fn&& fn) {
+  loopback_world::checked_size(ranks, "run_loopback");
   auto world = std::make_shared<loopback_world>(ranks);
   std::vector<std::exception_ptr> errors(ranks);
   std::vector<std::thread> threads;

@@ -130,7 +130,7 @@ class call {
 
   call(Comm& comm, collective kind, const call_options& opts)
       : comm_(comm), kind_(kind), sequence_(comm.next_sequence()),
-        until_(clock::now() + (opts.timeout.count() > 0 ? opts.timeout : comm.timeout())),
+        until_(deadline_after(opts.timeout.count() > 0 ? opts.timeout : comm.timeout())),
         rank_(comm.rank()), size_(comm.size()), timeout_(opts.timeout) {
     header_.kind = static_cast<std::uint8_t>(kind);
     header_.sequence = sequence_;

@@ -592,7 +592,7 @@ inline join_result try_join(segment& seg, const std::string& job, int rank, int 
 /// when the system refuses.
 inline segment join(const std::string& job, int rank, int size, std::size_t ring_bytes,
                     std::chrono::milliseconds timeout) {
-  const deadline until = clock::now() + timeout;
+  const deadline until = deadline_after(timeout);
   stale_note note;
   for (;;) {
     segment seg("/cohort-" + job, size, ring_bytes);

@@ -20,6 +20,7 @@
 #include <thread>
 #include <utility>
 
+#include <cohort/core/options.hpp>
 #include <cohort/detail/net/socket.hpp>
 #include <cohort/rendezvous/file_store.hpp>
 #include <cohort/rendezvous/store.hpp>
@@ -245,7 +246,7 @@ COHORT_DECL void tcp_transport::setup(const launch_info& info, store& s, tcp_opt
   size_ = info.size;
   if (size_ == 1) return;
   detail::tcp::complete_options(opts, info);
-  const deadline until = clock::now() + opts.connect_timeout;
+  const deadline until = deadline_after(opts.connect_timeout);
   auto fail = [](std::error_code ec, int peer, const std::string& what) {
     throw error(ec, "make_tcp_communicator", peer, "make_tcp_communicator: " + what);
   };
