@@ -203,7 +203,8 @@ void all_reduce(H& h, const In& in, Out&& out, const Op& op, const call_options&
       "all_reduce");
 }
 
-/// As above; reports failure through `ec` (details in `h.last_failure()`).
+/// As above; reports failure through `ec` (details in `h.last_failure()`; a bad argument,
+/// `errc::invalid_argument`, does not poison and leaves none there).
 template <hierarchical H, class In, class Out, class Op>
   requires detail::all_reduce_args<In, Out, Op>
 void all_reduce(H& h, const In& in, Out&& out, const Op& op, const call_options& opts,

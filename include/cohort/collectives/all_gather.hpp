@@ -64,7 +64,8 @@ void all_gather(Comm& comm, const In& in, Out&& out, const call_options& opts = 
                                              opts), "all_gather");
 }
 
-/// As above; reports failure through `ec` (details in `comm.last_failure()`).
+/// As above; reports failure through `ec` (details in `comm.last_failure()`; a bad argument,
+/// `errc::invalid_argument`, does not poison and leaves none there).
 template <communicator Comm, class In, class Out>
   requires detail::buffer_pair<In, Out>
 void all_gather(Comm& comm, const In& in, Out&& out, const call_options& opts,

@@ -108,7 +108,8 @@ void all_reduce(Comm& comm, const In& in, Out&& out, const Op& op, const call_op
                                              opts), "all_reduce");
 }
 
-/// As above; reports failure through `ec` (details in `comm.last_failure()`).
+/// As above; reports failure through `ec` (details in `comm.last_failure()`; a bad argument,
+/// `errc::invalid_argument`, does not poison and leaves none there).
 template <communicator Comm, class In, class Out, class Op>
   requires detail::all_reduce_args<In, Out, Op>
 void all_reduce(Comm& comm, const In& in, Out&& out, const Op& op, const call_options& opts,

@@ -32,7 +32,8 @@ void barrier(Comm& comm, const call_options& opts = {}) {
   detail::throw_if_failed(detail::barrier(comm, opts), "barrier");
 }
 
-/// As above; reports failure through `ec` (details in `comm.last_failure()`).
+/// As above; reports failure through `ec` (details in `comm.last_failure()`; a bad argument,
+/// `errc::invalid_argument`, does not poison and leaves none there).
 template <communicator Comm>
 void barrier(Comm& comm, const call_options& opts, std::error_code& ec) {
   ec = detail::barrier(comm, opts).code;

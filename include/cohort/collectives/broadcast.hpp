@@ -71,7 +71,8 @@ void broadcast(Comm& comm, Data&& data, int root, const call_options& opts = {})
                                             std::size(data), root, opts), "broadcast");
 }
 
-/// As above; reports failure through `ec` (details in `comm.last_failure()`).
+/// As above; reports failure through `ec` (details in `comm.last_failure()`; a bad argument,
+/// `errc::invalid_argument`, does not poison and leaves none there).
 template <communicator Comm, mutable_buffer Data>
 void broadcast(Comm& comm, Data&& data, int root, const call_options& opts, std::error_code& ec) {
   ec = detail::broadcast(comm, std::data(data), std::data(data),
@@ -86,7 +87,8 @@ void broadcast(Comm& comm, const In& in, Out&& out, int root, const call_options
   detail::throw_if_failed(detail::broadcast_buffers(comm, in, out, root, opts), "broadcast");
 }
 
-/// As above; reports failure through `ec` (details in `comm.last_failure()`).
+/// As above; reports failure through `ec` (details in `comm.last_failure()`; a bad argument,
+/// `errc::invalid_argument`, does not poison and leaves none there).
 template <communicator Comm, class In, class Out>
   requires detail::buffer_pair<In, Out>
 void broadcast(Comm& comm, const In& in, Out&& out, int root, const call_options& opts,

@@ -79,7 +79,8 @@ void reduce(Comm& comm, const In& in, Out&& out, const Op& op, int root,
                                          opts), "reduce");
 }
 
-/// As above; reports failure through `ec` (details in `comm.last_failure()`).
+/// As above; reports failure through `ec` (details in `comm.last_failure()`; a bad argument,
+/// `errc::invalid_argument`, does not poison and leaves none there).
 template <communicator Comm, class In, class Out, class Op>
   requires detail::reduce_args<In, Out, Op>
 void reduce(Comm& comm, const In& in, Out&& out, const Op& op, int root,

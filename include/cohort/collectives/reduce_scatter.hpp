@@ -90,7 +90,8 @@ void reduce_scatter(Comm& comm, const In& in, Out&& out, const Op& op,
       "reduce_scatter");
 }
 
-/// As above; reports failure through `ec` (details in `comm.last_failure()`).
+/// As above; reports failure through `ec` (details in `comm.last_failure()`; a bad argument,
+/// `errc::invalid_argument`, does not poison and leaves none there).
 template <communicator Comm, class In, class Out, class Op>
   requires detail::reduce_scatter_args<In, Out, Op>
 void reduce_scatter(Comm& comm, const In& in, Out&& out, const Op& op, const call_options& opts,

@@ -157,7 +157,8 @@ compress::report compressed_all_reduce(Comm& comm, Data&& data, Codec&& codec, c
   return rep;
 }
 
-/// As above; reports failure through `ec` (details in `comm.last_failure()`).
+/// As above; reports failure through `ec` (details in `comm.last_failure()`; a bad argument,
+/// `errc::invalid_argument`, does not poison and leaves none there).
 template <communicator Comm, mutable_buffer Data, class Codec, class Op>
   requires std::same_as<buffer_element_t<Data>, float> &&
            detail::compressed_all_reduce_args<Codec, Op>

@@ -63,7 +63,8 @@ compress::report compressed_all_reduce(H& h, Data&& data, Codec&& codec, const O
   return rep;
 }
 
-/// As above; reports failure through `ec` (details in `h.last_failure()`).
+/// As above; reports failure through `ec` (details in `h.last_failure()`; a bad argument,
+/// `errc::invalid_argument`, does not poison and leaves none there).
 template <hierarchical H, mutable_buffer Data, class Codec, class Op>
   requires std::same_as<buffer_element_t<Data>, float> &&
            detail::compressed_all_reduce_args<Codec, Op>
