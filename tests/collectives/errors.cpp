@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <latch>
 #include <memory>
 #include <mutex>
@@ -230,8 +231,9 @@ TEST_CASE("bad arguments are rejected before anything is sent, without poisoning
 TEST_CASE("an output that starts where the input does is in place only where the call says so") {
   // reduce_scatter's in-place form is `out == in + own block`, all_gather's `in == out + own
   // block`. On rank 1 an output at the input's start overlaps the input without being that,
-  // and is refused: it was taken for in place and gave wrong results on the loopback
-  // transport. Rank 0 passes the other rank's block, refused too, so that both reject alike.
+  // and is refused: the overlap check let buffers that start at the same place through, and
+  // the call gave wrong results on the loopback transport. Rank 0 passes the other rank's
+  // block, refused too, so that both reject alike.
   auto out = run_collecting(2, [](auto& comm) {
     const std::size_t n = 12;
     const int other = 1 - comm.rank();
@@ -481,6 +483,15 @@ TEST_CASE("a deadline past the clock's range is no deadline, not one in the past
   CHECK(cohort::deadline_after(std::chrono::hours::max()) == cohort::deadline::max());
   const auto now = cohort::clock::now();
   CHECK(cohort::later(now, 5ms) == now + 5ms);
+  CHECK(cohort::later(now, -5ms) == now - 5ms);
+  // Durations of other shapes: exact where they fit, saturated where they do not.
+  CHECK(cohort::later(now, std::chrono::duration<double>(0.5)) == now + 500ms);
+  CHECK(cohort::later(now, std::chrono::duration<double>(1e30)) == cohort::deadline::max());
+  CHECK(cohort::later(now, std::chrono::duration<std::int32_t, std::micro>(500)) == now + 500us);
+  CHECK(cohort::later(now, std::chrono::duration<std::uint64_t, std::milli>(5000)) == now + 5s);
+  CHECK(cohort::later(now, std::chrono::duration<std::uint64_t, std::milli>(~0ull)) ==
+        cohort::deadline::max());
+  CHECK(cohort::later(now, std::chrono::duration<std::int64_t, std::pico>(5000)) == now + 5ns);
   auto out = run_collecting(2, [](auto& comm) {
     if (comm.rank() == 1) std::this_thread::sleep_for(50ms);
     std::vector<float> v(16, 1.0f);

@@ -99,7 +99,8 @@ class basic_communicator {
     timeout_ = t;
   }
 
-  /// The first failure, or null while the communicator is healthy.
+  /// The first failure, or null while the communicator is healthy. A call refused for a bad
+  /// argument (`errc::invalid_argument`) leaves it healthy and records nothing here.
   const failure* last_failure() const { return failure_ ? &*failure_ : nullptr; }
   /// True after a failure: later calls fail at once with `errc::poisoned`.
   bool poisoned() const { return failure_.has_value(); }

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <chrono>
+#include <ratio>
+#include <type_traits>
 
 namespace cohort {
 
@@ -13,19 +15,33 @@ using clock = std::chrono::steady_clock;
 using deadline = clock::time_point;
 
 /// `from + d`, saturated: a duration past the clock's range (centuries) gives
-/// `deadline::max()`, no deadline at all, instead of one that wraps into the past.
+/// `deadline::max()`, no deadline at all, instead of one that wraps into the past (and a NaN
+/// gives `deadline::max()` too).
 template <class Rep, class Period>
 constexpr deadline later(deadline from, std::chrono::duration<Rep, Period> d) noexcept {
-  using D = std::chrono::duration<Rep, Period>;
   using step = clock::duration;
-  step by;
-  if (d >= std::chrono::duration_cast<D>(step::max())) by = step::max();
-  else if (d <= std::chrono::duration_cast<D>(step::min())) by = step::min();
-  else by = std::chrono::duration_cast<step>(d);
-  step::rep sum;
-  if (__builtin_add_overflow(from.time_since_epoch().count(), by.count(), &sum))
-    return by.count() > 0 ? deadline::max() : deadline::min();
-  return deadline(step(sum));
+  if constexpr (std::is_integral_v<Rep> && std::is_signed_v<Rep> && sizeof(Rep) >= 8 &&
+                std::ratio_greater_equal_v<Period, step::period>) {
+    // Exact: the limits converted to the coarser unit cannot overflow, and a duration within
+    // them converts back to nanoseconds without overflow.
+    using D = std::chrono::duration<Rep, Period>;
+    step by;
+    if (d >= std::chrono::duration_cast<D>(step::max())) by = step::max();
+    else if (d <= std::chrono::duration_cast<D>(step::min())) by = step::min();
+    else by = std::chrono::duration_cast<step>(d);
+    step::rep sum;
+    if (__builtin_add_overflow(from.time_since_epoch().count(), by.count(), &sum))
+      return by.count() > 0 ? deadline::max() : deadline::min();
+    return deadline(step(sum));
+  } else {
+    // Any other representation (floating point, narrow or unsigned integers, periods finer
+    // than the clock's): summed in long double, which holds every nanosecond count exactly.
+    const long double sum = static_cast<long double>(from.time_since_epoch().count()) +
+                            std::chrono::duration<long double, step::period>(d).count();
+    if (!(sum < static_cast<long double>(step::max().count()))) return deadline::max();
+    if (!(sum > static_cast<long double>(step::min().count()))) return deadline::min();
+    return deadline(step(static_cast<step::rep>(sum)));
+  }
 }
 
 /// The deadline `timeout` from now (saturated as `later` is).

@@ -51,6 +51,7 @@
 #include <cohort/collectives/all_gather.hpp>
 #include <cohort/core/communicator.hpp>
 #include <cohort/core/error.hpp>
+#include <cohort/core/options.hpp>
 #include <cohort/cuda/detail/ipc_protocol.hpp>
 #include <cohort/cuda/error.hpp>
 #include <cohort/cuda/reduce.hpp>
@@ -249,7 +250,7 @@ template <communicator Host>
 void synchronize(cuda_ipc_communicator<Host>& comm, cuda::stream_t stream,
                  const call_options& opts = {}) {
   const auto limit = opts.timeout.count() > 0 ? opts.timeout : comm.host().timeout();
-  const auto until = clock::now() + limit;
+  const deadline until = deadline_after(limit);
   auto pause = std::chrono::microseconds(1);
   for (;;) {
     const int e = cohort_cuda_stream_query(stream);

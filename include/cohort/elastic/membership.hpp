@@ -210,10 +210,10 @@ class membership {
 
   void decide_first() {
     const auto start = clock::now();
-    const deadline until = start + o_.join_timeout;
+    const deadline until = later(start, o_.join_timeout);
     for (int polls = 0; polls < 1'000'000; ++polls) {  // and by time: 5 ms a poll
       const std::int64_t n = s_->add(prefix_ + "pending/n", 0);
-      if (n >= o_.max_size || (n >= o_.min_size && clock::now() >= start + o_.join_window) ||
+      if (n >= o_.max_size || (n >= o_.min_size && clock::now() >= later(start, o_.join_window)) ||
           clock::now() >= until)
         break;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -227,7 +227,7 @@ class membership {
   void decide_next(const generation& cur) {
     const std::uint64_t g = cur.number + 1;
     const auto start = clock::now();
-    const deadline until = start + o_.join_timeout;
+    const deadline until = later(start, o_.join_timeout);
     std::vector<std::int64_t> going, lost;
     std::int64_t seen = 0;
     // Only members of `cur` register here: a count beyond them is not read.
@@ -248,7 +248,7 @@ class membership {
       for (auto id : cur.members)
         all_known = all_known && (std::find(going.begin(), going.end(), id) != going.end() ||
                                   std::find(lost.begin(), lost.end(), id) != lost.end());
-      if (all_known || clock::now() >= start + o_.join_window) break;
+      if (all_known || clock::now() >= later(start, o_.join_window)) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     // Survivors in their old rank order (a member both lost and going on went on: it left

@@ -157,7 +157,7 @@ class server {
         slice = microseconds(20);
         continue;
       }
-      if (now - last_progress > idle_limit) {
+      if (now > later(last_progress, idle_limit)) {
         std::string who;
         for (const peer& p : peers_)
           if (p.active) who += (who.empty() ? "" : ", ") + std::to_string(p.rank);

@@ -111,8 +111,10 @@ class redis_store final : public store {
   std::string where() const { return host_ + ":" + std::to_string(port_); }
 
   timeval tv() const {
-    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(opts_.timeout).count();
-    return {static_cast<time_t>(us / 1'000'000), static_cast<suseconds_t>(us % 1'000'000)};
+    // In seconds first: a timeout of milliseconds::max() overflows a count of microseconds.
+    const auto s = std::chrono::duration_cast<std::chrono::seconds>(opts_.timeout);
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(opts_.timeout - s);
+    return {static_cast<time_t>(s.count()), static_cast<suseconds_t>(us.count())};
   }
 
   bool connect(std::error_code& ec) {

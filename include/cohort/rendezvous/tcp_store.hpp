@@ -102,8 +102,8 @@ class tcp_store final : public store {
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - clock::now()).count();
     reply r;
     // The server answers at `until`; allow it a moment to do so.
-    roundtrip(w::op::wait, {}, list, std::max<long long>(left, 0), later(until, std::chrono::seconds(2)),
-              r, ec);
+    roundtrip(w::op::wait, {}, list, std::max<long long>(left, 0),
+              later(until, std::chrono::seconds(2)), r, ec);
     if (ec) return all;
     if (r.s == w::status::ok) return {};
     auto missing = w::decode_keys(r.payload);

@@ -302,8 +302,8 @@ class tcp_store_server {
     client* worst = nullptr;
     for (auto& c : clients_) {
       if (c->closing || !c->hello.admitted() || held(*c) == 0) continue;
-      if (now < c->moved + opts_.hello_timeout) {
-        next = std::min(next, c->moved + opts_.hello_timeout);
+      if (now < later(c->moved, opts_.hello_timeout)) {
+        next = std::min(next, later(c->moved, opts_.hello_timeout));
         continue;
       }
       if (!worst || held(*c) > held(*worst)) worst = c.get();

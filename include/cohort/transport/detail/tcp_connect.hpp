@@ -394,7 +394,7 @@ class mesh_builder {
     incoming h{std::move(accepted)};
     tcp::socket& s = h.s;
     asio::steady_timer w(ioc_);
-    watchdog(w, s, std::min(cfg_.until, clock::now() + cfg_.handshake_timeout));
+    watchdog(w, s, std::min(cfg_.until, deadline_after(cfg_.handshake_timeout)));
     const boost::system::error_code e = co_await read_hello(h);
     const std::array<std::byte, hello_size>& in = h.in;
     if (e) {
@@ -563,7 +563,7 @@ class mesh_builder {
 
   asio::awaitable<void> handshake_out(int q, const tcp::endpoint& at, tcp::socket& s) {
     asio::steady_timer w(ioc_);
-    watchdog(w, s, std::min(cfg_.until, clock::now() + cfg_.handshake_timeout));
+    watchdog(w, s, std::min(cfg_.until, deadline_after(cfg_.handshake_timeout)));
     const auto out = encode_hello({cfg_.rank, cfg_.size, cfg_.job_id, cfg_.token});
     std::array<std::byte, hello_size> in{};
     handshake_mark mark(in_handshake_, q, s);

@@ -296,8 +296,8 @@ class engine {
     // The caller's deadline holds: a call that failed before it lingers until then at most,
     // one that timed out only for the grace.
     const auto now = clock::now();
-    const auto until =
-        std::min(now + opts_.abort_linger, std::max(last_until_, now + opts_.abort_grace));
+    const auto until = std::min(later(now, opts_.abort_linger),
+                                std::max(last_until_, later(now, opts_.abort_grace)));
     for (;;) {
       flush_all();
       bool pending = false;
