@@ -248,7 +248,9 @@ TEST_CASE("hostile: a client that fills the tcp store (its buffers and its map) 
     for (int i = 0; i < clients; ++i)
       ts.emplace_back([&, i] {
         cf::rank_report& rep = board[i];
-        cohort::tcp_store s("127.0.0.1", port, {.token = {}, .timeout = 60s});
+        // 768 MiB through one server thread: minutes, not seconds, under TSan.
+        cohort::tcp_store s("127.0.0.1", port,
+                            {.token = {}, .timeout = cf::sanitized ? 240s : 60s});
         const std::string key = "big/" + std::to_string(i);
         for (int k = 0; k < rounds; ++k) {
           std::error_code ec;
@@ -272,7 +274,7 @@ TEST_CASE("hostile: a client that fills the tcp store (its buffers and its map) 
   std::this_thread::sleep_for(50ms);
   const long before = cf::rss_kib();
   port_slot.store(port);
-  const auto status = cf::reap({child}, 120s);
+  const auto status = cf::reap({child}, cf::sanitized ? 600s : 120s);
   REQUIRE(status[0] == 0);
   long refused = 0;
   for (int i = 0; i < clients; ++i) {

@@ -154,14 +154,21 @@ def case_kill(tcp_rank, _):
 
 def case_missing(tcp_rank, _):
     port, job = free_port(), f"missing{os.getpid()}"
+    # Rank 0 hosts the store and waits longer than rank 2, so that rank 2 meets the store
+    # however late its process starts (a sanitized build under load has started it seconds
+    # late). Rank 2 gives up at its deadline and says so in the store, which ends rank 0's
+    # wait too: each names the rank that never came, not the store that left.
+    timeouts = {0: 10, 2: 1.5}
     j = Job()
     for r in (0, 2):
-        j.start([tcp_rank, "setup"], torchrun_env(r, 3, "127.0.0.1", port, job, COHORT_CONNECT_TIMEOUT=1.5))
+        j.start([tcp_rank, "setup"],
+                torchrun_env(r, 3, "127.0.0.1", port, job, COHORT_CONNECT_TIMEOUT=timeouts[r]))
     j.wait_all(30)
     text = j.show()
     print(text)
     for i, r in enumerate((0, 2)):
         assert re.search(rf"rank {r}: error timed_out peer=1 .*rank 1 never arrived", j.output(i)), text
+    assert "when rank 2 gave up waiting" in j.output(0), text
 
 
 def case_mpirun(tcp_rank, _):
