@@ -245,8 +245,9 @@ void all_reduce(H& h, Data&& data, const Op& op, std::error_code& ec) {
 /// host, a ring reduce-scatter of the input packed by local rank (segment l: the blocks of
 /// every host's local rank l), then on each rail a ring reduce-scatter of that segment. Each
 /// rank sends (L-1)/L * n elements on its host and (H-1)/H * n/L across hosts. Every rank calls
-/// it with the same n, type and op. Results as `all_reduce`'s (the same combination order); ordered ops run the hierarchical all_reduce
-/// and keep the block. `out` may be this rank's block of `in`. Throws `cohort::error`.
+/// it with the same n, type and op. Results as `all_reduce`'s (the same combination order);
+/// ordered ops run the hierarchical all_reduce and keep the block. `out` may be this rank's
+/// block of `in`. Throws `cohort::error`.
 template <hierarchical H, class In, class Out, class Op>
   requires detail::reduce_scatter_args<In, Out, Op>
 void reduce_scatter(H& h, const In& in, Out&& out, const Op& op, const call_options& opts = {}) {
@@ -301,13 +302,15 @@ void all_gather(H& h, const In& in, Out&& out, const call_options& opts, std::er
 /// is `errc::invalid_argument`); this rank's block is already filled.
 template <hierarchical H, mutable_buffer Data>
 void all_gather(H& h, Data&& data, const call_options& opts = {}) {
-  const std::size_t size = std::size(data);
-  const std::size_t n = size / static_cast<std::size_t>(h.size());
-  auto* all = std::data(data);
   detail::throw_if_failed(
-      detail::hier::all_gather(h, all + n * static_cast<std::size_t>(h.rank()), n, all, size,
-                               opts, true),
+      detail::hier::all_gather_in_place(h, std::data(data), std::size(data), opts),
       "all_gather");
+}
+
+/// In place, reporting failure through `ec`.
+template <hierarchical H, mutable_buffer Data>
+void all_gather(H& h, Data&& data, const call_options& opts, std::error_code& ec) {
+  ec = detail::hier::all_gather_in_place(h, std::data(data), std::size(data), opts).code;
 }
 
 /// broadcast over hosts: the root's rail (a chain across hosts), then every host (a chain from

@@ -47,15 +47,23 @@ inline std::uint64_t mix(std::uint64_t x) {  // splitmix64
   return x ^ (x >> 31);
 }
 
+// The hash behind rank `rank`'s element i of a test input.
+inline std::uint64_t element_hash(std::uint64_t seed, int rank, std::size_t i) {
+  return mix(seed ^ (std::uint64_t(rank) << 40) ^ i);
+}
+
 // Inputs for which every combination order gives the same exact result: small integers for
 // sums (exact in every float type for P <= 7), powers of two for products, anything for
 // min/max, and full-range integers (which wrap identically in any order). `exact_input` is the
 // value as T, `exact_wide` the same value as the accumulator the reference reduces in; both read
 // tables converted once, as fp16 and bf16 convert in software.
+template <class Op>
+constexpr std::size_t exact_choices = std::same_as<Op, ops::prod_t> ? 6 : 33;
+
 template <class T, class Op>
 struct exact_table {
-  T value[33];
-  accumulator_t<T> wide[33];
+  T value[exact_choices<Op>];
+  accumulator_t<T> wide[exact_choices<Op>];
 };
 
 template <class T, class Op>
@@ -63,8 +71,8 @@ const exact_table<T, Op>& exact_values() {
   static const exact_table<T, Op> table = [] {
     constexpr float powers[] = {-2.0f, -1.0f, -0.5f, 0.5f, 1.0f, 2.0f};
     exact_table<T, Op> t{};
-    for (int k = 0; k < 33; ++k) {
-      const float x = std::same_as<Op, ops::prod_t> ? powers[k % 6] : static_cast<float>(k - 16);
+    for (std::size_t k = 0; k < exact_choices<Op>; ++k) {
+      const float x = std::same_as<Op, ops::prod_t> ? powers[k] : static_cast<float>(k) - 16.0f;
       t.value[k] = T(x);
       t.wide[k] = widen(t.value[k]);
     }
@@ -73,24 +81,17 @@ const exact_table<T, Op>& exact_values() {
   return table;
 }
 
-template <class Op>
-constexpr std::uint64_t exact_choices = std::same_as<Op, ops::prod_t> ? 6 : 33;
-
 template <class T, class Op>
 T exact_input(std::uint64_t seed, int rank, std::size_t i) {
-  const std::uint64_t h = mix(seed ^ (std::uint64_t(rank) << 40) ^ i);
+  const std::uint64_t h = element_hash(seed, rank, i);
   if constexpr (std::is_integral_v<T>) return static_cast<T>(h);
   else return exact_values<T, Op>().value[h % exact_choices<Op>];
 }
 
 template <class T, class Op>
 accumulator_t<T> exact_wide(std::uint64_t seed, int rank, std::size_t i) {
-  if constexpr (std::is_integral_v<T>) {
-    return exact_input<T, Op>(seed, rank, i);
-  } else {
-    const std::uint64_t h = mix(seed ^ (std::uint64_t(rank) << 40) ^ i);
-    return exact_values<T, Op>().wide[h % exact_choices<Op>];
-  }
+  if constexpr (std::is_integral_v<T>) return exact_input<T, Op>(seed, rank, i);
+  else return exact_values<T, Op>().wide[element_hash(seed, rank, i) % exact_choices<Op>];
 }
 
 template <class T>
@@ -242,7 +243,7 @@ template <element T, class Comm>
 void check_rounding(Comm& comm, std::size_t n, std::uint64_t seed) {
   const int p = comm.size(), r = comm.rank();
   auto value = [&](int q, std::size_t i) {
-    return T(static_cast<float>(static_cast<double>(mix(seed ^ (std::uint64_t(q) << 40) ^ i) >> 11) /
+    return T(static_cast<float>(static_cast<double>(element_hash(seed, q, i) >> 11) /
                                     9007199254740992.0 * 2.0 - 1.0));
   };
   std::vector<T> x(n);

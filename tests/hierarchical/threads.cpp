@@ -180,8 +180,19 @@ TEST_CASE("hierarchical: bad buffers are invalid_argument on every rank that pas
     cohort::all_gather(h, std::span<const float>(all.data() + n * other, n), std::span(all), {},
                        ec);
     CHECK(ec == cohort::errc::invalid_argument);
+    ec = {};
+    cohort::all_gather(h, v, {}, ec);  // the in-place form's error_code overload
+    CHECK(ec == cohort::errc::invalid_argument);
     cohort::all_reduce(h, in, cohort::ops::sum);  // nothing was sent: the ranks still agree
     CHECK(in[0] == 4.0f);
+    // The same overload, given a good size, gathers.
+    std::vector<float> rows(4 * 3, -1.0f);
+    for (std::size_t i = 0; i < 3; ++i) rows[3 * h.rank() + i] = float(10 * h.rank() + int(i));
+    ec = {};
+    cohort::all_gather(h, rows, {}, ec);
+    CHECK(!ec);
+    for (int q = 0; q < 4; ++q)
+      for (std::size_t i = 0; i < 3; ++i) CHECK(rows[3 * q + i] == float(10 * q + int(i)));
   });
 }
 

@@ -272,6 +272,13 @@ failure all_gather(H& h, const T* in, std::size_t n, T* out, std::size_t out_n,
   return f;
 }
 
+// In place: `all` holds P blocks of size / P elements, this rank's already filled.
+template <class H, element T>
+failure all_gather_in_place(H& h, T* all, std::size_t size, const call_options& opts) {
+  const std::size_t n = size / static_cast<std::size_t>(h.size());
+  return all_gather(h, all + n * static_cast<std::size_t>(h.rank()), n, all, size, opts, true);
+}
+
 template <class H, element T>
 failure broadcast(H& h, const T* in, T* data, std::size_t n, int root, const call_options& opts) {
   constexpr std::string_view name = "broadcast";

@@ -59,6 +59,15 @@ struct rank_state {
   std::atomic<bool> alive{true};
 };
 
+/// `size`, or `errc::invalid_argument` naming `operation` unless it is at least 1.
+inline int checked_size(int size, const char* operation) {
+  if (size < 1)
+    throw error(errc::invalid_argument, operation, -1,
+                std::string(operation) + ": the rank count must be at least 1, not " +
+                    std::to_string(size));
+  return size;
+}
+
 }  // namespace detail::loopback
 
 /// The shared state of one in-process group; every `loopback_transport` of it points here.
@@ -67,20 +76,11 @@ class loopback_world {
   /// A group of `size` ranks, none of them attached yet. Throws `cohort::error`
   /// (`errc::invalid_argument`) unless `size` is at least 1.
   explicit loopback_world(int size)
-      : size_(checked_size(size, "loopback_world")),
+      : size_(detail::loopback::checked_size(size, "loopback_world")),
         channels_(static_cast<std::size_t>(size) * size), ranks_(size) {}
 
   /// The number of ranks.
   int size() const { return size_; }
-
-  /// `size`, or `errc::invalid_argument` naming `operation` unless it is at least 1.
-  static int checked_size(int size, const char* operation) {
-    if (size < 1)
-      throw error(errc::invalid_argument, operation, -1,
-                  std::string(operation) + ": the rank count must be at least 1, not " +
-                      std::to_string(size));
-    return size;
-  }
 
  private:
   friend class loopback_transport;
@@ -322,7 +322,7 @@ using loopback_communicator = basic_communicator<loopback_transport>;
 /// `coalesces_sends`), so that the schedules chosen for them run between threads too.
 template <class Transport = loopback_transport, class Fn>
 void run_loopback(int ranks, Fn&& fn) {
-  loopback_world::checked_size(ranks, "run_loopback");
+  detail::loopback::checked_size(ranks, "run_loopback");
   auto world = std::make_shared<loopback_world>(ranks);
   std::vector<std::exception_ptr> errors(ranks);
   std::vector<std::thread> threads;
