@@ -188,7 +188,7 @@ class membership {
       // `add` came first, `set` follows at once; a newcomer that died between them is skipped.
       std::error_code ec;
       const std::string v = s_->get(prefix_ + "pending/" + std::to_string(k),
-                                    std::min(until, clock::now() + std::chrono::seconds(2)), ec);
+                                    std::min(until, deadline_after(std::chrono::seconds(2))), ec);
       if (!ec) into.push_back(number("pending/" + std::to_string(k), v));
     }
     return k - 1;
@@ -236,8 +236,8 @@ class membership {
       const std::int64_t n = std::min(s_->add(key(g, "n"), 0), most);
       for (; seen < n; ++seen) {
         std::error_code ec;
-        const std::string line = s_->get(key(g, "r/" + std::to_string(seen + 1)),
-                                         std::min(until, clock::now() + std::chrono::seconds(2)), ec);
+        const deadline slice = std::min(until, deadline_after(std::chrono::seconds(2)));
+        const std::string line = s_->get(key(g, "r/" + std::to_string(seen + 1)), slice, ec);
         if (ec) continue;
         auto ids = parse_ids(line);
         if (ids.empty()) continue;

@@ -109,7 +109,7 @@ class file_store final : public store {
     if (!path_of(key, path, ec)) return 0;
     const int lock = ::open((path + ".lock").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
     if (lock < 0) return sys_fail(ec, "add: cannot open the lock file of " + path), 0;
-    const auto until = clock::now() + std::chrono::seconds(30);
+    const auto until = deadline_after(std::chrono::seconds(30));
     while (::flock(lock, LOCK_EX | LOCK_NB) != 0) {
       if (clock::now() >= until) {
         ::close(lock);

@@ -148,7 +148,7 @@ class tcp_store final : public store {
     std::error_code last;
     for (;;) {
       for (const auto& e : endpoints_) {
-        const auto attempt = std::min(until, clock::now() + std::chrono::seconds(5));
+        const auto attempt = std::min(until, deadline_after(std::chrono::seconds(5)));
         detail::net::unique_fd fd = detail::net::connect_to(e, attempt, last);
         if (last) continue;
         if (!hello(fd.get(), until, ec)) {
@@ -159,7 +159,7 @@ class tcp_store final : public store {
         fd_ = std::move(fd);
         return true;
       }
-      if (clock::now() + backoff >= until) {
+      if (deadline_after(backoff) >= until) {
         fail(ec, errc::timed_out,
              "no store server answered at " + server() + " before the deadline (last error: " +
                  (last ? last.message() : last_error()) + ")");

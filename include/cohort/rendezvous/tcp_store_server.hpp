@@ -103,7 +103,7 @@ class tcp_store_server {
       detail::net::numeric_endpoint("0.0.0.0", port, any);
       eps.push_back(any);
     } else {
-      eps = detail::net::resolve(host, port, clock::now() + std::chrono::seconds(30), ec, why);
+      eps = detail::net::resolve(host, port, deadline_after(std::chrono::seconds(30)), ec, why);
       if (ec) throw error(ec, "tcp_store_server", -1, "tcp_store_server: " + why);
     }
     int last = 0;
@@ -482,8 +482,8 @@ class tcp_store_server {
           if (!keys) return refuse(c, "malformed key list");
           c.keys = std::move(*keys);
           c.waiting = true;
-          c.until = clock::now() +
-                    std::chrono::milliseconds(std::clamp<std::int64_t>(req->arg, 0, 86'400'000));
+          c.until = deadline_after(
+              std::chrono::milliseconds(std::clamp<std::int64_t>(req->arg, 0, 86'400'000)));
           break;
         }
       }

@@ -127,7 +127,7 @@ class engine {
     }
     // Sends still pending (never waited on, or cut off by an abort) finish in the background;
     // staged receives own their buffers, so they are waited for, briefly.
-    const deadline until = clock::now() + std::chrono::milliseconds(200);
+    const deadline until = deadline_after(std::chrono::milliseconds(200));
     for (auto& p : peers_) {
       for (auto& s : p.sends)
         if (s.req != MPI_REQUEST_NULL) MPI_Request_free(&s.req);
@@ -228,7 +228,7 @@ class engine {
     // Let what is in flight finish where it can: a receive into the caller's memory that MPI
     // already matched cannot be withdrawn, nor can a send (MPI_Cancel of sends is deprecated).
     // The peers stop matching this rank's messages once they see the abort.
-    const deadline until = clock::now() + drain_time;
+    const deadline until = deadline_after(drain_time);
     while (clock::now() < until) {
       bool busy = false;
       for (auto& p : peers_) {

@@ -304,7 +304,7 @@ inline int tell_disagreement(int fd, int rank, int size, std::uint64_t ring, dea
   void* p = ::mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return 0;
   auto* c = std::launder(reinterpret_cast<control_block*>(p));
-  const deadline limit = detail::min_of(until, clock::now() + std::chrono::seconds(1));
+  const deadline limit = detail::min_of(until, deadline_after(std::chrono::seconds(1)));
   while (c->ready.load(std::memory_order_acquire) != segment_magic && clock::now() < limit)
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   if (c->ready.load(std::memory_order_acquire) == segment_magic &&

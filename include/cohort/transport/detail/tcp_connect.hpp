@@ -125,7 +125,7 @@ class mesh_builder {
     // Waits in slices; between them, looks for a disagreement on the job's size.
     std::vector<int> missing;
     for (;;) {
-      const deadline slice = std::min(cfg_.until, clock::now() + disagreement_poll);
+      const deadline slice = std::min(cfg_.until, deadline_after(disagreement_poll));
       missing = wait_for_ranks(store_, prefix, cfg_.size, slice, ec);
       if (ec != errc::timed_out || clock::now() >= cfg_.until) break;
       if (told() || refused(missing) || gave_up(missing)) return std::move(result_);
@@ -260,7 +260,7 @@ class mesh_builder {
     if (store_gone_) return std::nullopt;
     std::error_code ec;
     auto v = store_.try_get(
-        key, connecting_ ? std::min(cfg_.until, clock::now() + store_poll_bound) : cfg_.until, ec);
+        key, connecting_ ? std::min(cfg_.until, deadline_after(store_poll_bound)) : cfg_.until, ec);
     if (ec && connecting_) store_gone_ = true;
     return v;
   }
@@ -495,7 +495,7 @@ class mesh_builder {
       }
       acceptor_.close(ig);
     }
-    const deadline until = std::min(cfg_.until, clock::now() + leave_bound);
+    const deadline until = std::min(cfg_.until, deadline_after(leave_bound));
     for (int round = 0; round < 1000; ++round) {
       std::vector<pollfd> fds;
       std::vector<incoming*> who;
@@ -543,7 +543,7 @@ class mesh_builder {
       if (!e) set_buffers(s);
       asio::steady_timer w(ioc_);
       if (!e) {
-        watchdog(w, s, std::min(cfg_.until, clock::now() + std::chrono::seconds(5)));
+        watchdog(w, s, std::min(cfg_.until, deadline_after(std::chrono::seconds(5))));
         std::tie(e) = co_await s.async_connect(at, asio::as_tuple(asio::use_awaitable));
         w.cancel();
       }
@@ -554,7 +554,7 @@ class mesh_builder {
       // Kept at every failed try: the deadline's error says what the last one met.
       last_problem_ = "connecting to rank " + std::to_string(q) + " at " + text_of(at) + ": " +
                       (e ? e.message() : "timed out");
-      if (clock::now() + backoff >= cfg_.until) co_return;
+      if (deadline_after(backoff) >= cfg_.until) co_return;
       asio::steady_timer pause(ioc_, backoff);
       co_await pause.async_wait(asio::as_tuple(asio::use_awaitable));
       backoff = std::min(backoff * 2, std::chrono::milliseconds(500));

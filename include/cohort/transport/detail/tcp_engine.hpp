@@ -224,7 +224,7 @@ class engine {
     last_until_ = until;
     if (req.peer < 0) return;
     auto& c = conns_[req.peer];
-    const auto spin_end = clock::now() + spin_;
+    const auto spin_end = deadline_after(spin_);
     bool spun = false, blocked = false;
     unsigned rounds = 0;
     for (;;) {
