@@ -23,6 +23,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -45,6 +46,29 @@ namespace {
   std::abort();
 }
 
+// Sends or receives exactly n bytes on a blocking socket; false when the peer closes or the
+// socket's timeout passes. A signal is not a failure: libFuzzer's -timeout alarm (SIGALRM,
+// every timeout/2 + 1 s) interrupts whichever blocking call it lands on with EINTR.
+bool send_exact(int fd, const void* p, std::size_t n) {
+  for (std::size_t done = 0; done < n;) {
+    const ssize_t r = ::send(fd, static_cast<const char*>(p) + done, n - done, MSG_NOSIGNAL);
+    if (r > 0) done += static_cast<std::size_t>(r);
+    else if (r < 0 && errno == EINTR) continue;
+    else return false;
+  }
+  return true;
+}
+
+bool recv_exact(int fd, void* p, std::size_t n) {
+  for (std::size_t got = 0; got < n;) {
+    const ssize_t r = ::recv(fd, static_cast<char*>(p) + got, n - got, MSG_WAITALL);
+    if (r > 0) got += static_cast<std::size_t>(r);
+    else if (r < 0 && errno == EINTR) continue;
+    else return false;
+  }
+  return true;
+}
+
 // The client's half of the handshake on a blocking socket: hello, challenge, proof, verdict.
 // False when the server refuses or closes.
 bool handshake(int fd, const std::string& token) {
@@ -52,15 +76,11 @@ bool handshake(int fd, const std::string& token) {
   mine[0] = 7;
   std::byte h[w::hello_size];
   w::encode_hello(h, 0, mine);
-  if (::send(fd, h, sizeof h, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof h)) return false;
   std::byte challenge[w::hello_size];
-  if (::recv(fd, challenge, sizeof challenge, MSG_WAITALL) != static_cast<ssize_t>(sizeof challenge))
-    return false;
+  if (!send_exact(fd, h, sizeof h) || !recv_exact(fd, challenge, sizeof challenge)) return false;
   const auto proof = w::client_proof(token, mine, w::nonce_of(challenge));
-  if (::send(fd, proof.data(), proof.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(proof.size()))
-    return false;
   std::byte verdict[w::verdict_size];
-  if (::recv(fd, verdict, sizeof verdict, MSG_WAITALL) != static_cast<ssize_t>(sizeof verdict))
+  if (!send_exact(fd, proof.data(), proof.size()) || !recv_exact(fd, verdict, sizeof verdict))
     return false;
   return verdict[8] == std::byte{0};
 }
@@ -94,7 +114,9 @@ void send_all(int fd, std::string_view s) {
   std::size_t done = 0;
   while (done < s.size()) {
     pollfd p{fd, POLLOUT, 0};
-    if (::poll(&p, 1, 5000) != 1) fail("cannot send to the server for 5 s");
+    const int ready = ::poll(&p, 1, 5000);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready != 1) fail("cannot send to the server for 5 s");
     const ssize_t n = ::send(fd, s.data() + done, s.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
     if (n <= 0) return;  // the server closed: fine
@@ -150,41 +172,29 @@ void client(std::uint8_t flags, std::string_view bytes) {
   const int port = ntohs(a.sin_port);
   std::thread fake([&] {
     pollfd p{ls, POLLIN, 0};
-    if (::poll(&p, 1, 5000) != 1) return;
+    int ready;
+    while ((ready = ::poll(&p, 1, 5000)) < 0 && errno == EINTR) {
+    }
+    if (ready != 1) return;
     const int c = ::accept4(ls, nullptr, nullptr, SOCK_CLOEXEC);
     ::shutdown(ls, SHUT_RDWR);  // one connection: a client that reconnects is refused at once
     if (c < 0) return;
     std::byte hello[w::hello_size];
-    std::size_t got = 0;
-    while (got < sizeof hello) {
-      const ssize_t n = ::recv(c, hello + got, sizeof hello - got, 0);
-      if (n <= 0) break;
-      got += static_cast<std::size_t>(n);
-    }
+    const bool got_hello = recv_exact(c, hello, sizeof hello);
     std::string out;
-    if (!(flags & 1) && got == sizeof hello) {  // proper answers, unless the input brings its own
+    if (!(flags & 1) && got_hello) {  // proper answers, unless the input brings its own
       const w::nonce client_nonce = w::nonce_of(hello), server_nonce{};
       std::byte challenge[w::hello_size];
       w::encode_hello(challenge, w::flag_token, server_nonce);
-      ::send(c, challenge, sizeof challenge, MSG_NOSIGNAL);
+      send_exact(c, challenge, sizeof challenge);
       std::byte proof[w::proof_size];
-      got = 0;
-      while (got < sizeof proof) {
-        const ssize_t n = ::recv(c, proof + got, sizeof proof - got, 0);
-        if (n <= 0) break;
-        got += static_cast<std::size_t>(n);
-      }
+      recv_exact(c, proof, sizeof proof);
       std::byte verdict[w::verdict_size];
       w::encode_verdict(verdict, w::verdict::admitted, w::server_proof("tok", client_nonce, server_nonce));
       out.assign(reinterpret_cast<const char*>(verdict), sizeof verdict);
     }
     out += bytes;
-    std::size_t done = 0;
-    while (done < out.size()) {
-      const ssize_t n = ::send(c, out.data() + done, out.size() - done, MSG_NOSIGNAL);
-      if (n <= 0) break;
-      done += static_cast<std::size_t>(n);
-    }
+    send_exact(c, out.data(), out.size());  // the client may close first: fine
     ::shutdown(c, SHUT_WR);
     drain_until_closed(c, 5000ms);
     ::close(c);
