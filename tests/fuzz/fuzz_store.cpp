@@ -33,9 +33,12 @@
 #include <string_view>
 #include <thread>
 
+#include <cohort/core/options.hpp>
+#include <cohort/detail/net/socket.hpp>
 #include <cohort/rendezvous/tcp_store.hpp>
 #include <cohort/rendezvous/tcp_store_server.hpp>
 
+namespace net = cohort::detail::net;
 namespace w = cohort::detail::store_wire;
 using namespace std::chrono_literals;
 
@@ -46,30 +49,23 @@ namespace {
   std::abort();
 }
 
-// Sends or receives exactly n bytes on a blocking socket; false when the peer closes or the
-// socket's timeout passes. A signal is not a failure: libFuzzer's -timeout alarm (SIGALRM,
-// every timeout/2 + 1 s) interrupts whichever blocking call it lands on with EINTR.
+// The harness's sockets go through the library's helpers, which poll to a deadline and retry
+// after EINTR: libFuzzer's -timeout alarm (SIGALRM, every timeout/2 + 1 s) interrupts whichever
+// call it lands on, and a signal is not a refusal. Exactly n bytes within 5 s; false when the
+// peer closes or the time passes.
 bool send_exact(int fd, const void* p, std::size_t n) {
-  for (std::size_t done = 0; done < n;) {
-    const ssize_t r = ::send(fd, static_cast<const char*>(p) + done, n - done, MSG_NOSIGNAL);
-    if (r > 0) done += static_cast<std::size_t>(r);
-    else if (r < 0 && errno == EINTR) continue;
-    else return false;
-  }
-  return true;
+  std::error_code ec;
+  net::send_all(fd, p, n, cohort::deadline_after(5s), ec);
+  return !ec;
 }
 
 bool recv_exact(int fd, void* p, std::size_t n) {
-  for (std::size_t got = 0; got < n;) {
-    const ssize_t r = ::recv(fd, static_cast<char*>(p) + got, n - got, MSG_WAITALL);
-    if (r > 0) got += static_cast<std::size_t>(r);
-    else if (r < 0 && errno == EINTR) continue;
-    else return false;
-  }
-  return true;
+  std::error_code ec;
+  net::recv_all(fd, p, n, cohort::deadline_after(5s), ec);
+  return !ec;
 }
 
-// The client's half of the handshake on a blocking socket: hello, challenge, proof, verdict.
+// The client's half of the handshake: hello, challenge, proof, verdict.
 // False when the server refuses or closes.
 bool handshake(int fd, const std::string& token) {
   w::nonce mine{};
@@ -97,31 +93,18 @@ void decoders(std::string_view bytes) {
   }
 }
 
-int connect_local(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
+net::unique_fd connect_local(int port) {
+  net::endpoint e;
+  net::numeric_endpoint("127.0.0.1", port, e);
+  std::error_code ec;
+  return net::connect_to(e, cohort::deadline_after(5s), ec);
 }
 
 void send_all(int fd, std::string_view s) {
-  std::size_t done = 0;
-  while (done < s.size()) {
-    pollfd p{fd, POLLOUT, 0};
-    const int ready = ::poll(&p, 1, 5000);
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready != 1) fail("cannot send to the server for 5 s");
-    const ssize_t n = ::send(fd, s.data() + done, s.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-    if (n <= 0) return;  // the server closed: fine
-    done += static_cast<std::size_t>(n);
-  }
+  std::error_code ec;
+  net::send_all(fd, s.data(), s.size(), cohort::deadline_after(5s), ec);
+  if (ec == cohort::errc::timed_out) fail("cannot send to the server for 5 s");
+  // peer_lost: the server closed, fine
 }
 
 // Reads until the peer closes; false if it has not within `limit`.
@@ -142,15 +125,14 @@ void server(std::uint8_t flags, std::string_view bytes) {
   const bool tokenless = flags & 2;
   const std::string token = tokenless ? "" : "tok";
   cohort::tcp_store_server s("127.0.0.1", 0, {.token = token, .log = [](std::string_view) {}, .linger = 2000ms, .max_clients = 4096});
-  const int fd = connect_local(s.port());
-  if (fd < 0) fail("cannot connect to the server");
-  timeval tv{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  if ((flags & 1) && !handshake(fd, token)) fail("the server refused a proper handshake");
-  send_all(fd, bytes);
-  ::shutdown(fd, SHUT_WR);
-  if (!drain_until_closed(fd, 5000ms)) fail("the server kept a finished connection open for 5 s");
-  ::close(fd);
+  net::unique_fd fd = connect_local(s.port());
+  if (!fd) fail("cannot connect to the server");
+  if ((flags & 1) && !handshake(fd.get(), token)) fail("the server refused a proper handshake");
+  send_all(fd.get(), bytes);
+  ::shutdown(fd.get(), SHUT_WR);
+  if (!drain_until_closed(fd.get(), 5000ms))
+    fail("the server kept a finished connection open for 5 s");
+  fd.reset();
   // Still serving.
   cohort::tcp_store client("127.0.0.1", s.port(), {.token = token, .timeout = 5s});
   std::error_code ec;
@@ -171,11 +153,7 @@ void client(std::uint8_t flags, std::string_view bytes) {
     fail("cannot listen");
   const int port = ntohs(a.sin_port);
   std::thread fake([&] {
-    pollfd p{ls, POLLIN, 0};
-    int ready;
-    while ((ready = ::poll(&p, 1, 5000)) < 0 && errno == EINTR) {
-    }
-    if (ready != 1) return;
+    if (!net::wait_fd(ls, POLLIN, cohort::deadline_after(5s))) return;
     const int c = ::accept4(ls, nullptr, nullptr, SOCK_CLOEXEC);
     ::shutdown(ls, SHUT_RDWR);  // one connection: a client that reconnects is refused at once
     if (c < 0) return;
