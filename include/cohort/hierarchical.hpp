@@ -114,6 +114,11 @@ class hierarchical_communicator {
 
   /// The first failure of a call on this communicator (peer: a world rank), or null.
   const failure* last_failure() const { return failure_ ? &*failure_ : nullptr; }
+  /// What the last call that reported through a `std::error_code` failed with (a bad
+  /// argument's refusal too), or null while none has; as `basic_communicator::last_error`.
+  const failure* last_error() const { return error_ ? &*error_ : nullptr; }
+  /// Keeps `f` as `last_error()` (the collectives' business: `detail::error_code_for`).
+  void note_error(failure&& f) noexcept { error_ = std::move(f); }
   /// True after a failure: later calls fail at once with `errc::poisoned`.
   bool poisoned() const { return failure_.has_value(); }
 
@@ -172,7 +177,7 @@ class hierarchical_communicator {
   std::unique_ptr<Local> local_;
   std::unique_ptr<Rail> rail_;
   std::chrono::milliseconds timeout_ = default_timeout;
-  std::optional<failure> failure_;
+  std::optional<failure> failure_, error_;
   std::vector<std::uint64_t> scratch_;
 };
 
@@ -203,14 +208,15 @@ void all_reduce(H& h, const In& in, Out&& out, const Op& op, const call_options&
       "all_reduce");
 }
 
-/// As above; reports failure through `ec` (details in `h.last_failure()`; a bad argument,
-/// `errc::invalid_argument`, does not poison and leaves none there).
+/// As above; reports failure through `ec`, and its sentence through `h.last_error()`
+/// (a bad argument, `errc::invalid_argument`, included: it does not poison).
 template <hierarchical H, class In, class Out, class Op>
   requires detail::all_reduce_args<In, Out, Op>
 void all_reduce(H& h, const In& in, Out&& out, const Op& op, const call_options& opts,
                 std::error_code& ec) {
-  ec = detail::hier::all_reduce(h, std::data(in), std::size(in),
-                                std::data(out), std::size(out), op, opts).code;
+  ec = detail::error_code_for(h, detail::hier::all_reduce(h, std::data(in), std::size(in),
+                                                          std::data(out), std::size(out), op,
+                                                          opts));
 }
 
 /// As above, with the communicator's default deadline.
@@ -262,9 +268,9 @@ template <hierarchical H, class In, class Out, class Op>
   requires detail::reduce_scatter_args<In, Out, Op>
 void reduce_scatter(H& h, const In& in, Out&& out, const Op& op, const call_options& opts,
                     std::error_code& ec) {
-  ec = detail::hier::reduce_scatter(h, std::data(in), std::size(in),
-                                    std::data(out), std::size(out), op, opts)
-           .code;
+  ec = detail::error_code_for(h, detail::hier::reduce_scatter(h, std::data(in), std::size(in),
+                                                              std::data(out), std::size(out), op,
+                                                              opts));
 }
 
 /// In place: this rank's block of `data` (`block_of(n, P, rank)`) receives its block of the
@@ -294,8 +300,8 @@ void all_gather(H& h, const In& in, Out&& out, const call_options& opts = {}) {
 template <hierarchical H, class In, class Out>
   requires detail::buffer_pair<In, Out>
 void all_gather(H& h, const In& in, Out&& out, const call_options& opts, std::error_code& ec) {
-  ec = detail::hier::all_gather(h, std::data(in), std::size(in),
-                                std::data(out), std::size(out), opts).code;
+  ec = detail::error_code_for(h, detail::hier::all_gather(h, std::data(in), std::size(in),
+                                                          std::data(out), std::size(out), opts));
 }
 
 /// In place: `data` holds P blocks of size()/P elements (a size that is not a multiple of P
@@ -310,7 +316,8 @@ void all_gather(H& h, Data&& data, const call_options& opts = {}) {
 /// In place, reporting failure through `ec`.
 template <hierarchical H, mutable_buffer Data>
 void all_gather(H& h, Data&& data, const call_options& opts, std::error_code& ec) {
-  ec = detail::hier::all_gather_in_place(h, std::data(data), std::size(data), opts).code;
+  ec = detail::error_code_for(h, detail::hier::all_gather_in_place(h, std::data(data),
+                                                                   std::size(data), opts));
 }
 
 /// broadcast over hosts: the root's rail (a chain across hosts), then every host (a chain from
@@ -327,8 +334,8 @@ void broadcast(H& h, Data&& data, int root, const call_options& opts = {}) {
 /// As above; reports failure through `ec`.
 template <hierarchical H, mutable_buffer Data>
 void broadcast(H& h, Data&& data, int root, const call_options& opts, std::error_code& ec) {
-  ec = detail::hier::broadcast(h, std::data(data), std::data(data),
-                               std::size(data), root, opts).code;
+  ec = detail::error_code_for(h, detail::hier::broadcast(h, std::data(data), std::data(data),
+                                                         std::size(data), root, opts));
 }
 
 /// Out of place: the root sends `in`; every rank, the root included, receives into `out`
@@ -344,7 +351,7 @@ template <hierarchical H, class In, class Out>
   requires detail::buffer_pair<In, Out>
 void broadcast(H& h, const In& in, Out&& out, int root, const call_options& opts,
                std::error_code& ec) {
-  ec = detail::hier::broadcast_buffers(h, in, out, root, opts).code;
+  ec = detail::error_code_for(h, detail::hier::broadcast_buffers(h, in, out, root, opts));
 }
 
 /// reduce over hosts: each host reduces to its rank of the root's rail (a chain), then that
@@ -366,8 +373,9 @@ template <hierarchical H, class In, class Out, class Op>
   requires detail::reduce_args<In, Out, Op>
 void reduce(H& h, const In& in, Out&& out, const Op& op, int root, const call_options& opts,
             std::error_code& ec) {
-  ec = detail::hier::reduce(h, std::data(in), std::size(in),
-                            std::data(out), std::size(out), op, root, opts).code;
+  ec = detail::error_code_for(h, detail::hier::reduce(h, std::data(in), std::size(in),
+                                                      std::data(out), std::size(out), op, root,
+                                                      opts));
 }
 
 /// In place: the root's `data` receives the result; other ranks' `data` is left as it was.
@@ -387,7 +395,7 @@ void barrier(H& h, const call_options& opts = {}) {
 /// As above; reports failure through `ec`.
 template <hierarchical H>
 void barrier(H& h, const call_options& opts, std::error_code& ec) {
-  ec = detail::hier::barrier(h, opts).code;
+  ec = detail::error_code_for(h, detail::hier::barrier(h, opts));
 }
 
 }  // namespace cohort

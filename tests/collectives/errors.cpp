@@ -159,11 +159,20 @@ TEST_CASE("after a failure the communicator is poisoned: later calls fail at onc
     CHECK(ec == errc::timed_out);
     REQUIRE(comm.last_failure() != nullptr);
     CHECK(contains(comm.last_failure()->what, "all_reduce #0"));
+    REQUIRE(comm.last_error() != nullptr);  // the error_code overload's sentence
+    CHECK(comm.last_error()->code == errc::timed_out);
+    CHECK(comm.last_error()->peer == 1);
+    CHECK(contains(comm.last_error()->what, "all_reduce #0"));
     CHECK(comm.poisoned());
     auto t0 = std::chrono::steady_clock::now();
     cohort::barrier(comm, {}, ec);
     CHECK(ec == errc::poisoned);
     CHECK(std::chrono::steady_clock::now() - t0 < 1s);  // not the default timeout (30 s)
+    // The later call's sentence replaces it, and says what poisoned the communicator.
+    REQUIRE(comm.last_error() != nullptr);
+    CHECK(comm.last_error()->code == errc::poisoned);
+    CHECK(contains(comm.last_error()->what, "barrier #1"));
+    CHECK(contains(comm.last_error()->what, "all_reduce #0"));
     try {
       cohort::broadcast(comm, v, 0);
       FAIL("a poisoned communicator accepted a call");
@@ -211,10 +220,19 @@ TEST_CASE("bad arguments are rejected before anything is sent, without poisoning
   run_collecting(3, [](auto& comm) {
     std::vector<float> in(100), small(10);
     std::error_code ec;
+    CHECK(comm.last_error() == nullptr);
     cohort::all_reduce(comm, in, small, cohort::ops::sum, {}, ec);
     CHECK(ec == errc::invalid_argument);
+    // The error_code overload keeps the sentence the exception would have carried.
+    REQUIRE(comm.last_error() != nullptr);
+    CHECK(comm.last_error()->code == errc::invalid_argument);
+    CHECK(contains(comm.last_error()->what, "all_reduce #"));
+    CHECK(contains(comm.last_error()->what, "output holds 10 elements, input 100"));
+    CHECK(comm.last_failure() == nullptr);
     cohort::broadcast(comm, in, 3, {}, ec);
     CHECK(ec == errc::invalid_argument);
+    REQUIRE(comm.last_error() != nullptr);
+    CHECK(contains(comm.last_error()->what, "root 3 is not a rank of a group of 3"));
     cohort::broadcast(comm, in, -1, {}, ec);
     CHECK(ec == errc::invalid_argument);
     cohort::all_gather(comm, in, small, {}, ec);
@@ -224,7 +242,11 @@ TEST_CASE("bad arguments are rejected before anything is sent, without poisoning
                        cohort::ops::sum, {}, ec);
     CHECK(ec == errc::invalid_argument);
     CHECK_FALSE(comm.poisoned());
-    cohort::barrier(comm);  // still healthy: every rank rejected the same calls
+    cohort::barrier(comm, {}, ec);  // still healthy: every rank rejected the same calls
+    CHECK_FALSE(ec);
+    // A call that succeeds leaves the last failed call's sentence in place.
+    REQUIRE(comm.last_error() != nullptr);
+    CHECK(contains(comm.last_error()->what, "overlap"));
   });
 }
 

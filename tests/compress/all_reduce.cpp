@@ -406,6 +406,8 @@ TEST_CASE("deadline, poison and invalid arguments") {
     cohort::compressed_all_reduce(comm, b, ef, {}, ec);
     CHECK(ec == cohort::errc::invalid_argument);
     CHECK_FALSE(comm.poisoned());  // refused before anything was sent
+    REQUIRE(comm.last_error() != nullptr);  // and says why
+    CHECK(comm.last_error()->what.find("a tensor of 10 floats, not 11") != std::string::npos);
   });
 }
 

@@ -183,6 +183,10 @@ TEST_CASE("hierarchical: bad buffers are invalid_argument on every rank that pas
     ec = {};
     cohort::all_gather(h, v, {}, ec);  // the in-place form's error_code overload
     CHECK(ec == cohort::errc::invalid_argument);
+    REQUIRE(h.last_error() != nullptr);  // with the exception's sentence
+    CHECK(h.last_error()->code == cohort::errc::invalid_argument);
+    CHECK(h.last_error()->what.find("not a multiple of 4 ranks") != std::string::npos);
+    CHECK(h.last_failure() == nullptr);
     cohort::all_reduce(h, in, cohort::ops::sum);  // nothing was sent: the ranks still agree
     CHECK(in[0] == 4.0f);
     // The same overload, given a good size, gathers.

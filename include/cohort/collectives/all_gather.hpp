@@ -64,14 +64,14 @@ void all_gather(Comm& comm, const In& in, Out&& out, const call_options& opts = 
                                              opts), "all_gather");
 }
 
-/// As above; reports failure through `ec` (details in `comm.last_failure()`; a bad argument,
-/// `errc::invalid_argument`, does not poison and leaves none there).
+/// As above; reports failure through `ec`, and its sentence through `comm.last_error()`
+/// (a bad argument, `errc::invalid_argument`, included: it does not poison).
 template <communicator Comm, class In, class Out>
   requires detail::buffer_pair<In, Out>
 void all_gather(Comm& comm, const In& in, Out&& out, const call_options& opts,
                 std::error_code& ec) {
-  ec = detail::all_gather(comm, std::data(in), std::size(in),
-                          std::data(out), std::size(out), opts).code;
+  ec = detail::error_code_for(comm, detail::all_gather(comm, std::data(in), std::size(in),
+                                                       std::data(out), std::size(out), opts));
 }
 
 /// In place: `data` holds P blocks of size()/P elements (a size that is not a multiple of P
@@ -85,7 +85,8 @@ void all_gather(Comm& comm, Data&& data, const call_options& opts = {}) {
 /// In place, reporting failure through `ec`.
 template <communicator Comm, mutable_buffer Data>
 void all_gather(Comm& comm, Data&& data, const call_options& opts, std::error_code& ec) {
-  ec = detail::all_gather_in_place(comm, std::data(data), std::size(data), opts).code;
+  ec = detail::error_code_for(comm, detail::all_gather_in_place(comm, std::data(data),
+                                                                std::size(data), opts));
 }
 
 }  // namespace cohort

@@ -108,14 +108,14 @@ void all_reduce(Comm& comm, const In& in, Out&& out, const Op& op, const call_op
                                              opts), "all_reduce");
 }
 
-/// As above; reports failure through `ec` (details in `comm.last_failure()`; a bad argument,
-/// `errc::invalid_argument`, does not poison and leaves none there).
+/// As above; reports failure through `ec`, and its sentence through `comm.last_error()`
+/// (a bad argument, `errc::invalid_argument`, included: it does not poison).
 template <communicator Comm, class In, class Out, class Op>
   requires detail::all_reduce_args<In, Out, Op>
 void all_reduce(Comm& comm, const In& in, Out&& out, const Op& op, const call_options& opts,
                 std::error_code& ec) {
-  ec = detail::all_reduce(comm, std::data(in), std::size(in),
-                          std::data(out), std::size(out), op, opts).code;
+  ec = detail::error_code_for(comm, detail::all_reduce(comm, std::data(in), std::size(in),
+                                                       std::data(out), std::size(out), op, opts));
 }
 
 /// As above, with the communicator's default deadline.

@@ -32,11 +32,11 @@ void barrier(Comm& comm, const call_options& opts = {}) {
   detail::throw_if_failed(detail::barrier(comm, opts), "barrier");
 }
 
-/// As above; reports failure through `ec` (details in `comm.last_failure()`; a bad argument,
-/// `errc::invalid_argument`, does not poison and leaves none there).
+/// As above; reports failure through `ec`, and its sentence through `comm.last_error()`
+/// (a bad argument, `errc::invalid_argument`, included: it does not poison).
 template <communicator Comm>
 void barrier(Comm& comm, const call_options& opts, std::error_code& ec) {
-  ec = detail::barrier(comm, opts).code;
+  ec = detail::error_code_for(comm, detail::barrier(comm, opts));
 }
 
 }  // namespace cohort

@@ -71,12 +71,12 @@ void broadcast(Comm& comm, Data&& data, int root, const call_options& opts = {})
                                             std::size(data), root, opts), "broadcast");
 }
 
-/// As above; reports failure through `ec` (details in `comm.last_failure()`; a bad argument,
-/// `errc::invalid_argument`, does not poison and leaves none there).
+/// As above; reports failure through `ec`, and its sentence through `comm.last_error()`
+/// (a bad argument, `errc::invalid_argument`, included: it does not poison).
 template <communicator Comm, mutable_buffer Data>
 void broadcast(Comm& comm, Data&& data, int root, const call_options& opts, std::error_code& ec) {
-  ec = detail::broadcast(comm, std::data(data), std::data(data),
-                         std::size(data), root, opts).code;
+  ec = detail::error_code_for(comm, detail::broadcast(comm, std::data(data), std::data(data),
+                                                      std::size(data), root, opts));
 }
 
 /// Out of place: the root sends `in`; every rank, the root included, receives into `out`
@@ -87,13 +87,13 @@ void broadcast(Comm& comm, const In& in, Out&& out, int root, const call_options
   detail::throw_if_failed(detail::broadcast_buffers(comm, in, out, root, opts), "broadcast");
 }
 
-/// As above; reports failure through `ec` (details in `comm.last_failure()`; a bad argument,
-/// `errc::invalid_argument`, does not poison and leaves none there).
+/// As above; reports failure through `ec`, and its sentence through `comm.last_error()`
+/// (a bad argument, `errc::invalid_argument`, included: it does not poison).
 template <communicator Comm, class In, class Out>
   requires detail::buffer_pair<In, Out>
 void broadcast(Comm& comm, const In& in, Out&& out, int root, const call_options& opts,
                std::error_code& ec) {
-  ec = detail::broadcast_buffers(comm, in, out, root, opts).code;
+  ec = detail::error_code_for(comm, detail::broadcast_buffers(comm, in, out, root, opts));
 }
 
 }  // namespace cohort

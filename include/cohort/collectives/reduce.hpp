@@ -79,14 +79,14 @@ void reduce(Comm& comm, const In& in, Out&& out, const Op& op, int root,
                                          opts), "reduce");
 }
 
-/// As above; reports failure through `ec` (details in `comm.last_failure()`; a bad argument,
-/// `errc::invalid_argument`, does not poison and leaves none there).
+/// As above; reports failure through `ec`, and its sentence through `comm.last_error()`
+/// (a bad argument, `errc::invalid_argument`, included: it does not poison).
 template <communicator Comm, class In, class Out, class Op>
   requires detail::reduce_args<In, Out, Op>
 void reduce(Comm& comm, const In& in, Out&& out, const Op& op, int root,
             const call_options& opts, std::error_code& ec) {
-  ec = detail::reduce(comm, std::data(in), std::size(in), std::data(out),
-                      std::size(out), op, root, opts).code;
+  ec = detail::error_code_for(comm, detail::reduce(comm, std::data(in), std::size(in),
+                                                   std::data(out), std::size(out), op, root, opts));
 }
 
 /// In place: the root's `data` receives the result; other ranks' `data` is left as it was.

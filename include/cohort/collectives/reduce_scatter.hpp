@@ -90,14 +90,15 @@ void reduce_scatter(Comm& comm, const In& in, Out&& out, const Op& op,
       "reduce_scatter");
 }
 
-/// As above; reports failure through `ec` (details in `comm.last_failure()`; a bad argument,
-/// `errc::invalid_argument`, does not poison and leaves none there).
+/// As above; reports failure through `ec`, and its sentence through `comm.last_error()`
+/// (a bad argument, `errc::invalid_argument`, included: it does not poison).
 template <communicator Comm, class In, class Out, class Op>
   requires detail::reduce_scatter_args<In, Out, Op>
 void reduce_scatter(Comm& comm, const In& in, Out&& out, const Op& op, const call_options& opts,
                     std::error_code& ec) {
-  ec = detail::reduce_scatter(comm, std::data(in), std::size(in),
-                              std::data(out), std::size(out), op, opts).code;
+  ec = detail::error_code_for(comm, detail::reduce_scatter(comm, std::data(in), std::size(in),
+                                                           std::data(out), std::size(out), op,
+                                                           opts));
 }
 
 /// In place: on return, this rank's block of `data` holds its block of the result; the rest of

@@ -157,15 +157,16 @@ compress::report compressed_all_reduce(Comm& comm, Data&& data, Codec&& codec, c
   return rep;
 }
 
-/// As above; reports failure through `ec` (details in `comm.last_failure()`; a bad argument,
-/// `errc::invalid_argument`, does not poison and leaves none there).
+/// As above; reports failure through `ec`, and its sentence through `comm.last_error()`
+/// (a bad argument, `errc::invalid_argument`, included: it does not poison).
 template <communicator Comm, mutable_buffer Data, class Codec, class Op>
   requires std::same_as<buffer_element_t<Data>, float> &&
            detail::compressed_all_reduce_args<Codec, Op>
 compress::report compressed_all_reduce(Comm& comm, Data&& data, Codec&& codec, const Op& op,
                                        const call_options& opts, std::error_code& ec) {
   compress::report rep;
-  ec = detail::compressed_all_reduce(comm, std::span<float>(data), codec, op, opts, rep).code;
+  ec = detail::error_code_for(comm, detail::compressed_all_reduce(comm, std::span<float>(data),
+                                                                  codec, op, opts, rep));
   return rep;
 }
 

@@ -100,8 +100,15 @@ class basic_communicator {
   }
 
   /// The first failure, or null while the communicator is healthy. A call refused for a bad
-  /// argument (`errc::invalid_argument`) leaves it healthy and records nothing here.
+  /// argument (`errc::invalid_argument`) leaves it healthy and records nothing here (the
+  /// `std::error_code` overloads keep its sentence in `last_error()`).
   const failure* last_failure() const { return failure_ ? &*failure_ : nullptr; }
+  /// What the last call that reported through a `std::error_code` failed with: its code, peer
+  /// and the sentence the throwing overload would have thrown (a bad argument's too), or null
+  /// while none has failed. A later failed call replaces it.
+  const failure* last_error() const { return error_ ? &*error_ : nullptr; }
+  /// Keeps `f` as `last_error()` (the collectives' business: `detail::error_code_for`).
+  void note_error(failure&& f) noexcept { error_ = std::move(f); }
   /// True after a failure: later calls fail at once with `errc::poisoned`.
   bool poisoned() const { return failure_.has_value(); }
 
@@ -152,7 +159,7 @@ class basic_communicator {
   Transport transport_;
   std::uint64_t sequence_ = 0;
   std::chrono::milliseconds timeout_ = default_timeout;
-  std::optional<failure> failure_;
+  std::optional<failure> failure_, error_;
   std::unique_ptr<std::byte, aligned_delete> scratch_;
   std::size_t scratch_size_ = 0;
 };

@@ -57,6 +57,7 @@
 #include <cohort/cuda/reduce.hpp>
 #include <cohort/cuda/runtime.hpp>
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -165,6 +166,11 @@ class cuda_ipc_communicator {
   const failure* last_failure() const { return host_.last_failure(); }
   /// True after a failure: later calls fail at once with `errc::poisoned`.
   bool poisoned() const { return host_.last_failure() != nullptr; }
+  /// What the last call that reported through a `std::error_code` failed with (a bad
+  /// argument's refusal too), or null while none has; as `basic_communicator::last_error`.
+  const failure* last_error() const { return error_ ? &*error_ : nullptr; }
+  /// Keeps `f` as `last_error()` (the collectives' business: `detail::error_code_for`).
+  void note_error(failure&& f) noexcept { error_ = std::move(f); }
 
  private:
   template <class H, class T, class Op>
@@ -213,6 +219,7 @@ class cuda_ipc_communicator {
   cuda::event ready_{nullptr}, done_{nullptr};  // interprocess, this rank's
   std::vector<cuda::event> peer_ready_, peer_done_;  // the peers', opened here
   std::vector<detail::cuda_ipc::call_record> records_;  // reused by every call
+  std::optional<failure> error_;
 };
 
 /// Reduces `n` elements of `in` across all ranks with `op`; every rank's `out` receives the
@@ -234,12 +241,13 @@ void all_reduce(cuda_ipc_communicator<Host>& comm, const T* in, T* out, std::siz
                           "all_reduce");
 }
 
-/// As above; reports failure through `ec` (details in `comm.last_failure()`, or, for invalid
-/// arguments, which do not poison, nowhere).
+/// As above; reports failure through `ec`, and its sentence through `comm.last_error()`
+/// (a bad argument, `errc::invalid_argument`, included: it does not poison).
 template <communicator Host, cuda::device_element T, cuda::device_reduction Op>
 void all_reduce(cuda_ipc_communicator<Host>& comm, const T* in, T* out, std::size_t n, const Op& op,
                 cuda::stream_t stream, const call_options& opts, std::error_code& ec) {
-  ec = detail::cuda_ipc::all_reduce(comm, in, out, n, op, stream, opts).code;
+  ec = detail::error_code_for(comm, detail::cuda_ipc::all_reduce(comm, in, out, n, op, stream,
+                                                                 opts));
 }
 
 /// Waits until `stream` is idle, for at most the call's deadline (the communicator's default

@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 #include <cohort/core/communicator.hpp>
 #include <cohort/core/dtype.hpp>
@@ -316,6 +317,16 @@ class call {
 /// Ends a call for the throwing overloads: throws `cohort::error` if it failed.
 inline void throw_if_failed(const failure& f, std::string_view operation) {
   if (f.code) throw error(f.code, std::string(operation), f.peer, f.what);
+}
+
+/// Ends a call for the `std::error_code` overloads: returns the failure's code, and keeps the
+/// failure, sentence and all, as `comm.last_error()` where the communicator has one.
+template <class Comm>
+std::error_code error_code_for(Comm& comm, failure&& f) noexcept {
+  const std::error_code ec = f.code;
+  if constexpr (requires { comm.note_error(std::move(f)); })
+    if (ec) comm.note_error(std::move(f));
+  return ec;
 }
 
 }  // namespace cohort::detail
