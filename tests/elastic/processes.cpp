@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -111,12 +112,23 @@ std::uint64_t checksum(const std::vector<float>& w) {
   return h;
 }
 
+// Generation 0 is the test's first n processes: each waits here (a minute at most) until all of
+// them are up, so that one the machine was slow to start (a loaded sanitized build has taken
+// longer than the join window) is not taken for a newcomer. A newcomer, later, passes at once.
+void start_together(cohort::store& board, int n) {
+  board.add("started", 1);
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (board.add("started", 0) < n && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(2ms);
+}
+
 // One process of the job. Exit codes: 0 trained to the end, 3 the job stopped (aborted, and
 // the message says so), 4 left out of a generation, 1 anything else. With `rejoin`, a process
 // left out joins again (once) as a newcomer.
 int worker(const scenario& sc, const char* name, fault f, int fault_step, bool rejoin = false,
            agreement_death death = agreement_death::none) {
   cohort::file_store board(sc.dir);  // results and errors, which outlive the job's store
+  start_together(board, 4);  // every test starts four
   std::optional<cohort::tcp_store> tcp_store;
   if (sc.store_port > 0)
     tcp_store.emplace("127.0.0.1", sc.store_port, cohort::tcp_store_options{.token = {}, .timeout = 3s});
@@ -302,9 +314,9 @@ TEST_CASE("elastic tcp: two ranks killed at once leave fewer than the minimum: t
 
 // The join window of the tests that stop a rank: short, so that generation 1 is decided soon
 // after the survivors registered. It also bounds how long generation 0 waits for the four
-// processes to start, which a loaded sanitized build has taken more than 300 ms to do (one was
-// left out of generation 0 and joined generation 1 as a newcomer): there it stays as long as
-// the scenario's.
+// processes to register, which a loaded sanitized build has taken more than 300 ms to do even
+// after all four were up (one was left out of generation 0 and joined generation 1 as a
+// newcomer): there it stays as long as the scenario's.
 std::chrono::milliseconds stopped_rank_window() {
   return cohort::faults::sanitized ? scenario{}.window : 300ms;
 }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <latch>
 #include <memory>
 #include <string>
 #include <thread>
@@ -44,11 +45,18 @@ cohort::elastic::options settings(int min_size, int max_size) {
   return o;
 }
 
-// Runs `body(i)` on n threads at once.
+// Runs `body(i)` on n threads at once: none starts before all are up, so that a thread the
+// machine was slow to start (a loaded sanitized build has taken longer than the join window)
+// does not join late, as a newcomer.
 template <class Body>
 void on_threads(int n, Body body) {
+  std::latch up(n);
   std::vector<std::thread> ts;
-  for (int i = 0; i < n; ++i) ts.emplace_back([&, i] { body(i); });
+  for (int i = 0; i < n; ++i)
+    ts.emplace_back([&, i] {
+      up.arrive_and_wait();
+      body(i);
+    });
   for (auto& t : ts) t.join();
 }
 
