@@ -13,6 +13,7 @@
 #include <dirent.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <netinet/in.h>
@@ -346,19 +347,35 @@ class fault_store final : public store {
 enum class kind { shm, tcp };
 inline const char* kind_name(kind k) { return k == kind::shm ? "shm" : "tcp"; }
 
-/// A free TCP port on 127.0.0.1 (free when asked; a race with other tests is unlikely).
+/// A TCP port on 127.0.0.1 for a job to listen on, held for it: a socket bound to the port with
+/// SO_REUSEADDR, never listening, keeps it out of the kernel's hands, so that no outgoing
+/// connection takes it as its source port and no later free_port() is given it, while the job's
+/// own listener (the store's and the transport's set SO_REUSEADDR too) may still bind it. A port
+/// probed and closed at once was free when asked and could be taken before the job listened: a
+/// loaded CI run lost one to the connections of jobs started in the meantime. The newest
+/// `held` ports stay held, ample for the jobs a test starts at once; the rest are let go.
 inline int free_port() {
+  constexpr std::size_t held = 128;
+  static std::vector<int> holders;
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof a;
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-    port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ::close(fd);
+    return 0;
+  }
+  if (holders.size() == held) {
+    ::close(holders.front());
+    holders.erase(holders.begin());
+  }
+  holders.push_back(fd);
+  return ntohs(a.sin_port);
 }
 
 /// A job id unique to this process and call.
@@ -489,12 +506,19 @@ inline void record(rank_report& rep, std::error_code ec, int peer, std::string_v
 
 /// Starts a child running body(rank); it exits with what body returns (0: fine); an exception
 /// is printed and exits 1.
+/// The child is killed when the thread that spawned it ends (every test here spawns from its
+/// main thread, so: when the test program exits): a test that fails between a spawn and its reap
+/// leaves no process behind to hold the program's output open, which the test runner would
+/// wait on until its timeout.
 template <class Body>
 pid_t spawn(int rank, Body&& body) {
   std::fflush(nullptr);
+  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error("fork failed");
   if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);
     int code = 1;
     try {
       code = body(rank);
