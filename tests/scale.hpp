@@ -1,9 +1,27 @@
-// COHORT_TEST_SCALE: sanitizer runs (tests/sanitize) thin the larger test matrices with it.
+// COHORT_TEST_SCALE: sanitizer runs (tests/sanitize) thin the larger test matrices with it; and
+// whether this is such a build.
 #pragma once
 
 #include <cstdlib>
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define COHORT_TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define COHORT_TEST_SANITIZED 1
+#endif
+#endif
+
 namespace cohort::test {
+
+/// True in an ASan or TSan build, whose allocators and shadow memory inflate resident memory
+/// several times (bounds on memory are loosened there; LeakSanitizer checks leaks instead) and
+/// whose threads and processes a loaded machine starts and runs late (waits are longer there).
+#if defined(COHORT_TEST_SANITIZED)
+inline constexpr bool sanitized = true;
+#else
+inline constexpr bool sanitized = false;
+#endif
 
 /// COHORT_TEST_SCALE as a number in (0, 1]; 1 when unset or out of range.
 inline double test_scale() {

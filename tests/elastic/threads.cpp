@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 
+#include <exception>
 #include <filesystem>
 #include <latch>
 #include <memory>
@@ -18,6 +19,8 @@
 #include <cohort/rendezvous/tcp_store.hpp>
 #include <cohort/rendezvous/tcp_store_server.hpp>
 #include <cohort/transport/loopback.hpp>
+
+#include "../scale.hpp"
 
 namespace {
 
@@ -40,24 +43,35 @@ cohort::elastic::options settings(int min_size, int max_size) {
   o.job = "t";
   o.min_size = min_size;
   o.max_size = max_size;
-  o.join_window = 1000ms;  // a member on a loaded machine may lag; only the left-out case waits it
+  // Members register within the window. Only the left-out case waits it out; elsewhere it is
+  // how late a member may come, and a loaded machine has run a thread of a sanitized build more
+  // than 1 s late (generation 0 then formed without it).
+  o.join_window = cohort::test::sanitized ? 5000ms : 2000ms;
   o.join_timeout = 20s;
   return o;
 }
 
 // Runs `body(i)` on n threads at once: none starts before all are up, so that a thread the
 // machine was slow to start (a loaded sanitized build has taken longer than the join window)
-// does not join late, as a newcomer.
+// does not join late, as a newcomer. The first exception a body threw is rethrown here, after
+// all have ended, so that the test case fails with its sentence instead of ending the program.
 template <class Body>
 void on_threads(int n, Body body) {
   std::latch up(n);
+  std::vector<std::exception_ptr> failed(static_cast<std::size_t>(n));
   std::vector<std::thread> ts;
   for (int i = 0; i < n; ++i)
     ts.emplace_back([&, i] {
       up.arrive_and_wait();
-      body(i);
+      try {
+        body(i);
+      } catch (...) {
+        failed[static_cast<std::size_t>(i)] = std::current_exception();
+      }
     });
   for (auto& t : ts) t.join();
+  for (auto& e : failed)
+    if (e) std::rethrow_exception(e);
 }
 
 template <class Make>
@@ -97,10 +111,15 @@ void join_shrink_grow(Make make) {
   CHECK(g1[0].members == want);  // survivors keep their order
   // A newcomer; the running ranks see it and go on together.
   generation fresh;
+  std::exception_ptr newcomer_failed;
   std::vector<generation> g2(3);
-  std::thread newcomer([&] {
-    membership m(*stores[4], settings(2, 4));
-    fresh = m.join();
+  std::jthread newcomer([&] {  // joined on the way out too, when a going-on thread failed
+    try {
+      membership m(*stores[4], settings(2, 4));
+      fresh = m.join();
+    } catch (...) {
+      newcomer_failed = std::current_exception();
+    }
   });
   const int first = going[0];
   for (int tries = 0; tries < 2000 && !ms[static_cast<std::size_t>(first)]->newcomers_waiting(g1[0]); ++tries)
@@ -112,6 +131,7 @@ void join_shrink_grow(Make make) {
     g2[static_cast<std::size_t>(k)] = m.next(g1[static_cast<std::size_t>(k)]);
   });
   newcomer.join();
+  if (newcomer_failed) std::rethrow_exception(newcomer_failed);
   CHECK(fresh.number == 2);
   CHECK(fresh.rank == 3);
   for (const auto& g : g2) CHECK(g.members == fresh.members);
@@ -203,26 +223,24 @@ TEST_CASE("elastic state: restore undoes an uncommitted step; sync copies the mo
   std::vector<std::vector<std::int64_t>> c(P, std::vector<std::int64_t>(3));
   std::vector<int> roots(P);
   std::vector<std::int64_t> steps(P);
-  std::vector<std::thread> ts;
-  for (int r = 0; r < P; ++r)
-    ts.emplace_back([&, r] {
-      cohort::basic_communicator<cohort::loopback_transport> comm(std::in_place, world, r);
-      cohort::elastic::state st;
-      auto& mine = w[static_cast<std::size_t>(r)];
-      st.add(std::span(mine));
-      st.add(std::span(c[static_cast<std::size_t>(r)]));
-      // Ranks 1, 2 and 3 got furthest (step 5), with different bytes; rank 1 is a newcomer (its
-      // state is from a history the others left), so rank 2 must win.
-      const std::int64_t step = r >= 1 ? 5 : 4;
-      for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<float>(r * 1000 + static_cast<int>(i)) + 0.25f;
-      c[static_cast<std::size_t>(r)] = {r, step, 7};
-      st.commit(step);
-      // An uncommitted step that a failure cut short.
-      for (auto& x : mine) x = -1;
-      roots[static_cast<std::size_t>(r)] = st.sync(comm, /*source=*/r != 1);
-      steps[static_cast<std::size_t>(r)] = st.step();
-    });
-  for (auto& t : ts) t.join();
+  on_threads(P, [&](int r) {
+    cohort::basic_communicator<cohort::loopback_transport> comm(std::in_place, world, r);
+    cohort::elastic::state st;
+    auto& mine = w[static_cast<std::size_t>(r)];
+    st.add(std::span(mine));
+    st.add(std::span(c[static_cast<std::size_t>(r)]));
+    // Ranks 1, 2 and 3 got furthest (step 5), with different bytes; rank 1 is a newcomer (its
+    // state is from a history the others left), so rank 2 must win.
+    const std::int64_t step = r >= 1 ? 5 : 4;
+    for (std::size_t i = 0; i < mine.size(); ++i)
+      mine[i] = static_cast<float>(r * 1000 + static_cast<int>(i)) + 0.25f;
+    c[static_cast<std::size_t>(r)] = {r, step, 7};
+    st.commit(step);
+    // An uncommitted step that a failure cut short.
+    for (auto& x : mine) x = -1;
+    roots[static_cast<std::size_t>(r)] = st.sync(comm, /*source=*/r != 1);
+    steps[static_cast<std::size_t>(r)] = st.step();
+  });
   for (int r = 0; r < P; ++r) {
     CHECK(roots[static_cast<std::size_t>(r)] == 2);
     CHECK(steps[static_cast<std::size_t>(r)] == 5);

@@ -45,13 +45,6 @@
 #if defined(COHORT_FAULTS_LSAN)
 #include <sanitizer/lsan_interface.h>
 #endif
-#if defined(COHORT_FAULTS_LSAN) || defined(__SANITIZE_THREAD__)
-#define COHORT_FAULTS_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define COHORT_FAULTS_SANITIZED 1
-#endif
-#endif
 
 #include <cohort/cohort.hpp>
 #include <cohort/rendezvous/file_store.hpp>
@@ -69,14 +62,8 @@ using steady = std::chrono::steady_clock;
 // ---------------------------------------------------------------------------------------------
 // Scale: sanitizer builds run fewer and smaller cases (COHORT_TEST_SCALE, a fraction in (0, 1]).
 
+using cohort::test::sanitized;
 using cohort::test::test_scale;
-/// True in an ASan or TSan build, whose allocators and shadow memory inflate resident memory
-/// several times (bounds on memory are loosened there; LeakSanitizer checks leaks instead).
-#if defined(COHORT_FAULTS_SANITIZED)
-inline constexpr bool sanitized = true;
-#else
-inline constexpr bool sanitized = false;
-#endif
 
 /// `n` scaled down (never below `floor`).
 inline long scaled(long n, long floor = 1) {
