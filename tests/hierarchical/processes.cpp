@@ -28,6 +28,7 @@
 #include <cohort/rendezvous/tcp_store_server.hpp>
 
 #include "../collectives/suite.hpp"
+#include "../ports.hpp"
 
 namespace ct = cohort::test;
 using namespace std::chrono_literals;
@@ -47,12 +48,6 @@ void expect(bool ok, const std::string& what) {
 }
 
 constexpr int killed_at_limit = -1000;
-
-/// A port on 127.0.0.1 that nothing listens on now (the probe's thread has ended on return).
-int free_port() {
-  cohort::tcp_store_server probe("127.0.0.1", 0, {.token = token, .log = [](std::string_view) {}});
-  return probe.port();
-}
 
 /// A tcp_store_server in a process of its own, killed at the end of the scope. The ranks are
 /// forked from a process with no other thread: a child forked while a server thread held a lock
@@ -233,7 +228,7 @@ TEST_CASE("hierarchical over processes: interleaved hosts get host-major ranks (
 TEST_CASE("hierarchical over processes: from the launcher's numbers alone (no store of the "
           "user's)") {
   const std::string job = job_name("env");
-  const int port = free_port();
+  const int port = ct::free_port();
   const auto status = run_ranks(4, [&](int r) {
     ::setenv("COHORT_HOST", ("fake-host-" + std::to_string(r / 2)).c_str(), 1);
     cohort::launch_info info;

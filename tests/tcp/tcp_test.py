@@ -41,10 +41,18 @@ def clean_env():
     return {k: v for k, v in os.environ.items() if not LAUNCHER_VARS.match(k)}
 
 
+_held = []  # the sockets that hold the ports free_port() gave out
+
+
 def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port on 127.0.0.1 for a job's store, held until this script ends: a socket bound to it
+    with SO_REUSEADDR, never listening, keeps the kernel from giving it to another connection or
+    bind, while the store (which sets SO_REUSEADDR too) still binds it (tests/ports.hpp)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    _held.append(s)
+    return s.getsockname()[1]
 
 
 def torchrun_env(rank, size, addr, port, job, **extra):
