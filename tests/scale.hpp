@@ -4,12 +4,24 @@
 
 #include <cstdlib>
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define COHORT_TEST_SANITIZED 1
+// COHORT_TEST_ASAN: built with AddressSanitizer (and so LeakSanitizer); COHORT_TEST_SANITIZED:
+// with ASan or ThreadSanitizer. GCC says so with __SANITIZE_*__, Clang with __has_feature.
+#if defined(__SANITIZE_ADDRESS__)
+#define COHORT_TEST_ASAN 1
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define COHORT_TEST_SANITIZED 1
+#if __has_feature(address_sanitizer)
+#define COHORT_TEST_ASAN 1
 #endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define COHORT_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define COHORT_TEST_TSAN 1
+#endif
+#endif
+#if defined(COHORT_TEST_ASAN) || defined(COHORT_TEST_TSAN)
+#define COHORT_TEST_SANITIZED 1
 #endif
 
 namespace cohort::test {

@@ -35,14 +35,8 @@
 #include <thread>
 #include <vector>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define COHORT_FAULTS_LSAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define COHORT_FAULTS_LSAN 1
-#endif
-#endif
-#if defined(COHORT_FAULTS_LSAN)
+#include "../scale.hpp"
+#if defined(COHORT_TEST_ASAN)
 #include <sanitizer/lsan_interface.h>
 #endif
 
@@ -53,7 +47,6 @@
 #include <cohort/transport/tcp.hpp>
 
 #include "../ports.hpp"
-#include "../scale.hpp"
 
 namespace cohort::faults {
 
@@ -140,7 +133,7 @@ inline long rss_kib() {
 /// Runs LeakSanitizer now where the build has it (children end with _exit, which skips it);
 /// true when it found leaks.
 inline bool leak_check_failed() {
-#if defined(COHORT_FAULTS_LSAN)
+#if defined(COHORT_TEST_ASAN)
   return __lsan_do_recoverable_leak_check() != 0;
 #else
   return false;

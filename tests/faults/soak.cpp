@@ -28,14 +28,6 @@
 #include "process.hpp"
 #include "../collectives/suite.hpp"
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define COHORT_SOAK_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define COHORT_SOAK_SANITIZED 1
-#endif
-#endif
-
 namespace cf = cohort::faults;
 namespace ct = cohort::test;
 using namespace std::chrono_literals;
@@ -234,11 +226,7 @@ int main(int argc, char** argv) {
     const long drift = x.nsamples >= 2 ? second - first : 0;
     worst_growth = std::max(worst_growth, growth_max);
     worst_drift = std::max(worst_drift, drift);
-#if defined(COHORT_SOAK_SANITIZED)
-    constexpr bool judge_rss = false;
-#else
-    constexpr bool judge_rss = true;
-#endif
+    constexpr bool judge_rss = !cf::sanitized;
     const bool rank_ok = status[r] == 0 && x.written && x.ops == s.ops && x.wrong == 0 && x.errors == 0 &&
                          (!judge_rss || (drift <= s.rss_slack_kib && growth_max <= 8 * s.rss_slack_kib));
     ok = ok && rank_ok;
@@ -252,9 +240,8 @@ int main(int argc, char** argv) {
       std::printf("\n");
     }
   }
-#if defined(COHORT_SOAK_SANITIZED)
-  std::printf("(a sanitizer build: RSS is reported, not judged; LeakSanitizer checks for leaks)\n");
-#endif
+  if (cf::sanitized)
+    std::printf("(a sanitizer build: RSS is reported, not judged; LeakSanitizer checks for leaks)\n");
   std::printf("soak %s P=%d seed %llu: %ld calls (each checked, plus an all_gather of hashes) with up to %zu "
               "elements, %.1f MB passed in per rank, %.1f s; RSS: second half vs first half %+ld KiB (limit %ld), "
               "at most %ld KiB above the level after warm-up (limit %ld): %s\n",
