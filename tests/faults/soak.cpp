@@ -15,8 +15,8 @@
 // mmap thresholds and trimming, do not), and no sample is more than 8 x slack above the level
 // after warm-up. Prints one summary line per rank and one for the job; exits 0 when every call
 // was right and memory stayed flat, 1 otherwise. Under ASan or TSan resident memory is reported,
-// not judged: their allocators hold freed memory back (ASan's quarantine grows to 256 MiB), and
-// LeakSanitizer checks for leaks at the end of each rank instead.
+// not judged: their allocators hold freed memory back (ASan's quarantine grows to 256 MiB); under
+// ASan, LeakSanitizer checks for leaks at the end of each rank instead.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -240,8 +240,11 @@ int main(int argc, char** argv) {
       std::printf("\n");
     }
   }
-  if (cf::sanitized)
-    std::printf("(a sanitizer build: RSS is reported, not judged; LeakSanitizer checks for leaks)\n");
+#if defined(COHORT_TEST_ASAN)
+  std::printf("(an ASan build: RSS is reported, not judged; LeakSanitizer checks for leaks)\n");
+#elif defined(COHORT_TEST_TSAN)
+  std::printf("(a TSan build: RSS is reported, not judged)\n");
+#endif
   std::printf("soak %s P=%d seed %llu: %ld calls (each checked, plus an all_gather of hashes) with up to %zu "
               "elements, %.1f MB passed in per rank, %.1f s; RSS: second half vs first half %+ld KiB (limit %ld), "
               "at most %ld KiB above the level after warm-up (limit %ld): %s\n",
