@@ -7,10 +7,14 @@
 
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <latch>
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <cohort/cohort.hpp>
@@ -53,8 +57,10 @@ cohort::elastic::options settings(int min_size, int max_size) {
 
 // Runs `body(i)` on n threads at once: none starts before all are up, so that a thread the
 // machine was slow to start (a loaded sanitized build has taken longer than the join window)
-// does not join late, as a newcomer. The first exception a body threw is rethrown here, after
-// all have ended, so that the test case fails with its sentence instead of ending the program.
+// does not join late, as a newcomer. After all have ended, a body's exception is rethrown here,
+// so that the test case fails with its sentence instead of ending the program; when several
+// threads failed, the test fails with every thread's sentence (one member's store error leaves
+// the others waiting out their timeout, and that timeout alone would hide the cause).
 template <class Body>
 void on_threads(int n, Body body) {
   std::latch up(n);
@@ -70,8 +76,21 @@ void on_threads(int n, Body body) {
       }
     });
   for (auto& t : ts) t.join();
-  for (auto& e : failed)
-    if (e) std::rethrow_exception(e);
+  std::string sentences;
+  std::exception_ptr only;
+  for (int i = 0; i < n; ++i) {
+    if (!failed[static_cast<std::size_t>(i)]) continue;
+    only = sentences.empty() ? failed[static_cast<std::size_t>(i)] : nullptr;
+    try {
+      std::rethrow_exception(failed[static_cast<std::size_t>(i)]);
+    } catch (const std::exception& e) {
+      sentences += "\n  thread " + std::to_string(i) + ": " + e.what();
+    } catch (...) {
+      sentences += "\n  thread " + std::to_string(i) + ": an exception of an unknown type";
+    }
+  }
+  if (only) std::rethrow_exception(only);
+  if (!sentences.empty()) throw std::runtime_error("several threads failed:" + sentences);
 }
 
 template <class Make>
@@ -150,6 +169,60 @@ TEST_CASE("elastic membership over a TCP store: join, shrink, grow, one list per
   join_shrink_grow([&]() -> std::unique_ptr<cohort::store> {
     return std::make_unique<cohort::tcp_store>("127.0.0.1", server.port());
   });
+}
+
+// A store that passes every call to another and runs `before_latest` (once) just before the
+// first read of a job's "latest" key: the moment between a joiner's registration and its look
+// at the latest decided generation.
+class latest_hook_store final : public cohort::store {
+ public:
+  latest_hook_store(cohort::store& inner, std::function<void()> before_latest)
+      : inner_(&inner), before_latest_(std::move(before_latest)) {}
+  std::string describe() const override { return inner_->describe(); }
+
+ protected:
+  void do_set(std::string_view k, std::string_view v, std::error_code& ec) override {
+    inner_->set(k, v, ec);
+  }
+  std::optional<std::string> do_try_get(std::string_view k, std::error_code& ec) override {
+    if (before_latest_ && k.ends_with("/latest")) std::exchange(before_latest_, nullptr)();
+    return inner_->try_get(k, ec);
+  }
+  std::int64_t do_add(std::string_view k, std::int64_t n, std::error_code& ec) override {
+    return inner_->add(k, n, ec);
+  }
+  std::vector<std::string> do_wait(std::span<const std::string> keys, cohort::deadline until,
+                                   std::error_code& ec) override {
+    return inner_->wait(keys, until, ec);
+  }
+
+ private:
+  cohort::store* inner_;
+  std::function<void()> before_latest_;
+};
+
+TEST_CASE("elastic membership: a joiner taken in before it reads \"latest\" is in generation 0") {
+  // The second joiner registers; before it reads "latest", the first one (the decider of
+  // generation 0, max_size 2) takes it in and publishes. The second must find itself in
+  // generation 0, not wait for a generation 1 that nobody decides.
+  temp_dir d;
+  cohort::file_store first_store(d.path), second_store(d.path);
+  membership first(first_store, settings(2, 2));
+  generation g_first;
+  std::jthread decider;
+  latest_hook_store hooked(second_store, [&] {
+    decider = std::jthread([&] { g_first = first.join(); });
+    decider.join();
+  });
+  auto o = settings(2, 2);
+  o.join_timeout = 5s;  // the defect waits this long, then fails with elastic.join's timeout
+  membership second(hooked, o);
+  const generation g_second = second.join();
+  CHECK(g_second.number == 0);
+  CHECK(g_first.number == 0);
+  CHECK(g_second.members == g_first.members);
+  CHECK(g_second.size() == 2);
+  CHECK(g_second.rank != g_first.rank);
 }
 
 TEST_CASE("elastic membership: fewer than the minimum stops the job with the reason") {

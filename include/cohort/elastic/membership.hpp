@@ -105,9 +105,12 @@ class membership {
     id_ = s_->add(prefix_ + "id", 1);
     const std::int64_t k = s_->add(prefix_ + "pending/n", 1);
     s_->set(prefix_ + "pending/" + std::to_string(k), std::to_string(id_));
+    // The latest decided generation may have taken this process in already: its decider can
+    // read our registration and publish between our `set` and this read. So the search starts
+    // at that generation (its list is there: one read), not at the one after it.
     std::uint64_t g = 0;
     if (auto latest = s_->try_get(prefix_ + "latest"))
-      g = static_cast<std::uint64_t>(number("latest", *latest)) + 1;
+      g = static_cast<std::uint64_t>(number("latest", *latest));
     for (int tries = 0; tries < 1 << 20; ++tries) {
       if (g == 0 && s_->add(key(0, "claim"), 1) == 1) decide_first();
       auto gen = read_members("elastic.join", g, until);
