@@ -806,6 +806,28 @@ TEST_CASE("tcp store: a try_get with a deadline gives up at it when the store we
   CHECK(took < 3s);  // the bound (300 ms), not the store's 30 s
 }
 
+TEST_CASE("tcp store: a wait gives up at its deadline when the store went away; the moment "
+          "past it is for the server's answer, not for reconnecting") {
+  std::optional<cohort::tcp_store_server> server;
+  server.emplace("127.0.0.1", 0, cohort::tcp_store_server_options{.token = {}, .log = [](std::string_view) {}});
+  cohort::tcp_store client("127.0.0.1", server->port(), {.token = {}, .timeout = 30s});
+  client.set("k", "v");
+  server->set_linger(0ms);
+  server.reset();  // gone: every connection is refused
+  client.disconnect();  // so that the wait must connect (else it learns of the loss at once)
+  const std::vector<std::string> keys = {"k", "missing"};
+  std::error_code ec;
+  const auto t0 = cohort::clock::now();
+  const auto missing = client.wait(keys, t0 + 300ms, ec);
+  const auto took = cohort::clock::now() - t0;
+  INFO("took ", std::chrono::duration_cast<std::chrono::milliseconds>(took).count(), " ms: ",
+       client.last_error());
+  CHECK(ec == cohort::errc::timed_out);
+  CHECK(missing == keys);  // nothing known: every key is reported missing
+  CHECK(client.last_error().find("127.0.0.1:") != std::string::npos);
+  CHECK(took < 1500ms);  // the deadline (300 ms), not the answer's 2 s past it
+}
+
 TEST_CASE("file store: set, get, add, wait with deadlines") {
   temp_dir d;
   cohort::file_store a(d.path), b(d.path + "/");

@@ -101,9 +101,10 @@ class tcp_store final : public store {
     if (!check_value(list, ec)) return all;
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - clock::now()).count();
     reply r;
-    // The server answers at `until`; allow it a moment to do so.
+    // The server answers at `until`; allow it a moment to do so. A server that cannot be
+    // reached is retried until `until` only: the moment is for the answer, not for connecting.
     roundtrip(w::op::wait, {}, list, std::max<long long>(left, 0),
-              later(until, std::chrono::seconds(2)), r, ec);
+              later(until, std::chrono::seconds(2)), until, r, ec);
     if (ec) return all;
     if (r.s == w::status::ok) return {};
     auto missing = w::decode_keys(r.payload);
@@ -136,8 +137,9 @@ class tcp_store final : public store {
     return false;
   }
 
-  // Connects (retrying with backoff until `until`) and says hello.
-  bool connect(deadline until, std::error_code& ec) {
+  // Connects and says hello, each try bounded by `until`; after a refused or failed try, tries
+  // again with backoff, the last try at `retry_until` (<= `until`).
+  bool connect(deadline until, deadline retry_until, std::error_code& ec) {
     if (fd_) return true;
     std::string why;
     if (endpoints_.empty()) {
@@ -159,13 +161,14 @@ class tcp_store final : public store {
         fd_ = std::move(fd);
         return true;
       }
-      if (deadline_after(backoff) >= until) {
+      const auto left = retry_until - clock::now();
+      if (left <= clock::duration::zero()) {
         fail(ec, errc::timed_out,
              "no store server answered at " + server() + " before the deadline (last error: " +
                  (last ? last.message() : last_error()) + ")");
         return false;
       }
-      std::this_thread::sleep_for(backoff);
+      std::this_thread::sleep_for(std::min<clock::duration>(backoff, left));
       backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
     }
   }
@@ -180,8 +183,16 @@ class tcp_store final : public store {
 
   void roundtrip(detail::store_wire::op kind, std::string_view key, std::string_view value,
                  std::int64_t arg, deadline until, reply& r, std::error_code& ec) {
+    roundtrip(kind, key, value, arg, until, until, r, ec);
+  }
+
+  // One request and its reply by `until`; a connection that fails is tried again only until
+  // `retry_until`.
+  void roundtrip(detail::store_wire::op kind, std::string_view key, std::string_view value,
+                 std::int64_t arg, deadline until, deadline retry_until, reply& r,
+                 std::error_code& ec) {
     namespace w = detail::store_wire;
-    if (!connect(until, ec)) return;
+    if (!connect(until, std::min(until, retry_until), ec)) return;
     std::byte h[w::request_size];
     w::encode_request(h, kind, key.size(), value.size(), arg);
     std::string msg(reinterpret_cast<const char*>(h), sizeof h);
