@@ -11,6 +11,15 @@ calls one all_reduce) at -O0 and -O2, N times each, and prints a Markdown table 
   (c src) the one TU holding the TCP setup            c_tcp_src.cpp (includes cohort/impl/src.hpp)
   (d)     (a) + async.hpp (Asio)                      d_async.cpp
 
+and the same calls in a translation unit that only calls all_reduce on a communicator made
+elsewhere, which is what every other TU of a program pays (the setup is compiled where it is
+called, once per program):
+
+  (a call)     cohort.hpp, all_reduce on a loopback_communicator&      a_call.cpp
+  (b call)     (a call) + transport/shm.hpp, on a shm_communicator&    b_shm_call.cpp
+  (c call)     (a call) + transport/tcp.hpp, on a tcp_communicator&    c_tcp_call.cpp
+  (c call sep) the same TU with COHORT_SEPARATE_COMPILATION            c_tcp_call.cpp -D...
+
 CPU seconds are user + system of the compiler and everything it runs (cc1plus, as), taken
 from getrusage(RUSAGE_CHILDREN); peak memory is the largest resident set among them. The
 machine is shared: CPU time is the steadier figure, and the median of N runs is reported.
@@ -42,6 +51,11 @@ PROBES = [
     ("c src", "the one TU with cohort/impl/src.hpp", "c_tcp_src.cpp",
      ["-DCOHORT_SEPARATE_COMPILATION"]),
     ("d", "(a) + async.hpp (Asio)", "d_async.cpp", []),
+    ("a call", "cohort.hpp, only the all_reduce call", "a_call.cpp", []),
+    ("b call", "+ transport/shm.hpp, only the all_reduce call", "b_shm_call.cpp", []),
+    ("c call", "+ transport/tcp.hpp, only the all_reduce call, header-only", "c_tcp_call.cpp", []),
+    ("c call sep", "the same, COHORT_SEPARATE_COMPILATION", "c_tcp_call.cpp",
+     ["-DCOHORT_SEPARATE_COMPILATION"]),
 ]
 
 
