@@ -1,6 +1,7 @@
 // The TCP transport and the stores in one process: wire formats, the data path on socket
 // pairs (with bytes injected by hand), the stores, and whole jobs with ranks as threads over
 // loopback (IPv4 and IPv6): the suite, strangers, wrong tokens, missing ranks, aborts, lost peers.
+#include "../ports.hpp"
 #include "../support.hpp"
 
 #include <netinet/in.h>
@@ -768,22 +769,53 @@ TEST_CASE("tcp store: strangers and wrong tokens are turned away, the store goes
   CHECK(sink.contains("malformed request"));
 }
 
-TEST_CASE("tcp store: a client may start before the server") {
-  int port = 0;
-  {
-    cohort::tcp_store_server probe("127.0.0.1", 0);
-    port = probe.port();
-  }
-  cohort::tcp_store early("127.0.0.1", port, {.token = {}, .timeout = 10s});
+namespace {
+
+// A store server on a port held free for it (tests/ports.hpp), started `delay` after this is made; and a client of
+// it (the store's own timeout 10 s) made at once, before the server.
+struct server_that_starts_late {
+  int port = cohort::test::free_port();
+  cohort::tcp_store early{"127.0.0.1", port, {.token = {}, .timeout = 10s}};
   std::unique_ptr<cohort::tcp_store_server> server;
-  std::thread starter([&] {
-    std::this_thread::sleep_for(200ms);
-    server = std::make_unique<cohort::tcp_store_server>("127.0.0.1", port);
-  });
-  early.set("k", "v");
-  starter.join();
-  CHECK(early.try_get("k") == std::optional<std::string>("v"));
-  early.disconnect();  // else the server lingers for it when destroyed
+  std::thread starter;
+
+  explicit server_that_starts_late(std::chrono::milliseconds delay)
+      : starter([this, delay] {
+          std::this_thread::sleep_for(delay);
+          server = std::make_unique<cohort::tcp_store_server>(
+              "127.0.0.1", port,
+              cohort::tcp_store_server_options{.token = {}, .log = [](std::string_view) {}});
+        }) {}
+  ~server_that_starts_late() {
+    if (starter.joinable()) starter.join();
+    early.disconnect();  // else the server lingers for it when destroyed
+  }
+};
+
+}  // namespace
+
+TEST_CASE("tcp store: a client may start before the server") {
+  server_that_starts_late late(200ms);
+  late.early.set("k", "v");
+  late.starter.join();
+  CHECK(late.early.try_get("k") == std::optional<std::string>("v"));
+}
+
+TEST_CASE("tcp store: a wait that had to wait for its server to start still ends at its "
+          "deadline, not that much later") {
+  server_that_starts_late late(1s);
+  const std::vector<std::string> keys = {"never"};
+  std::error_code ec;
+  const auto t0 = cohort::clock::now();
+  const auto missing = late.early.wait(keys, t0 + 1200ms, ec);
+  const auto took =
+      std::chrono::duration_cast<std::chrono::milliseconds>(cohort::clock::now() - t0).count();
+  INFO("took ", took, " ms: ", late.early.last_error());
+  CHECK(ec == cohort::errc::timed_out);
+  CHECK(missing == keys);
+  // The server heard of the wait after about 1.1 s: held for the 1.2 s it was asked at the
+  // start, it would answer at about 2.3 s.
+  CHECK(took < 1900);
 }
 
 namespace {

@@ -99,12 +99,15 @@ class tcp_store final : public store {
       if (!check_key(k, ec)) return all;
     const std::string list = w::encode_keys(keys);
     if (!check_value(list, ec)) return all;
+    // The server holds the wait for the time left when the request arrives, so it answers at
+    // `until`; its answer has a moment past that. Connecting comes first, so that the time it
+    // takes is not waited again on the server: a server that refuses is tried again until
+    // `until` only (each try bounded by the answer's deadline); the moment is for the answer.
+    const deadline answer_by = later(until, std::chrono::seconds(2));
+    if (!connect(answer_by, until, ec)) return all;
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - clock::now()).count();
     reply r;
-    // The server answers at `until`; allow it a moment to do so. A server that cannot be
-    // reached is retried until `until` only: the moment is for the answer, not for connecting.
-    roundtrip(w::op::wait, {}, list, std::max<long long>(left, 0),
-              later(until, std::chrono::seconds(2)), until, r, ec);
+    roundtrip(w::op::wait, {}, list, std::max<long long>(left, 0), answer_by, r, ec);
     if (ec) return all;
     if (r.s == w::status::ok) return {};
     auto missing = w::decode_keys(r.payload);
@@ -161,14 +164,14 @@ class tcp_store final : public store {
         fd_ = std::move(fd);
         return true;
       }
-      const auto left = retry_until - clock::now();
-      if (left <= clock::duration::zero()) {
+      const auto now = clock::now();
+      if (now >= retry_until) {
         fail(ec, errc::timed_out,
              "no store server answered at " + server() + " before the deadline (last error: " +
                  (last ? last.message() : last_error()) + ")");
         return false;
       }
-      std::this_thread::sleep_for(std::min<clock::duration>(backoff, left));
+      std::this_thread::sleep_for(std::min<clock::duration>(backoff, retry_until - now));
       backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
     }
   }
@@ -181,18 +184,11 @@ class tcp_store final : public store {
     return false;
   }
 
+  // One request and its reply by `until` (connecting first where the client is not connected).
   void roundtrip(detail::store_wire::op kind, std::string_view key, std::string_view value,
                  std::int64_t arg, deadline until, reply& r, std::error_code& ec) {
-    roundtrip(kind, key, value, arg, until, until, r, ec);
-  }
-
-  // One request and its reply by `until`; a connection that fails is tried again only until
-  // `retry_until`.
-  void roundtrip(detail::store_wire::op kind, std::string_view key, std::string_view value,
-                 std::int64_t arg, deadline until, deadline retry_until, reply& r,
-                 std::error_code& ec) {
     namespace w = detail::store_wire;
-    if (!connect(until, std::min(until, retry_until), ec)) return;
+    if (!connect(until, until, ec)) return;
     std::byte h[w::request_size];
     w::encode_request(h, kind, key.size(), value.size(), arg);
     std::string msg(reinterpret_cast<const char*>(h), sizeof h);
