@@ -771,8 +771,8 @@ TEST_CASE("tcp store: strangers and wrong tokens are turned away, the store goes
 
 namespace {
 
-// A store server on a port held free for it (tests/ports.hpp), started `delay` after this is made; and a client of
-// it (the store's own timeout 10 s) made at once, before the server.
+// A store server on a port held free for it (tests/ports.hpp), started `delay` after this is
+// made; and a client of it (the store's own timeout 10 s) made at once, before the server.
 struct server_that_starts_late {
   int port = cohort::test::free_port();
   cohort::tcp_store early{"127.0.0.1", port, {.token = {}, .timeout = 10s}};
@@ -792,6 +792,10 @@ struct server_that_starts_late {
   }
 };
 
+long long ms_since(cohort::deadline t0) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(cohort::clock::now() - t0).count();
+}
+
 }  // namespace
 
 TEST_CASE("tcp store: a client may start before the server") {
@@ -808,8 +812,7 @@ TEST_CASE("tcp store: a wait that had to wait for its server to start still ends
   std::error_code ec;
   const auto t0 = cohort::clock::now();
   const auto missing = late.early.wait(keys, t0 + 1200ms, ec);
-  const auto took =
-      std::chrono::duration_cast<std::chrono::milliseconds>(cohort::clock::now() - t0).count();
+  const long long took = ms_since(t0);
   INFO("took ", took, " ms: ", late.early.last_error());
   CHECK(ec == cohort::errc::timed_out);
   CHECK(missing == keys);
@@ -835,10 +838,6 @@ struct client_of_a_gone_store {
     server.reset();
   }
 };
-
-long long ms_since(cohort::deadline t0) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(cohort::clock::now() - t0).count();
-}
 
 }  // namespace
 
