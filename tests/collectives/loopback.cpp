@@ -69,3 +69,26 @@ TEST_CASE_TEMPLATE("random floats: bitwise equal on every rank, within (P+1)·ep
     }
   }
 }
+
+// A small all_reduce of 16-bit floats accumulates every rank's element in fp32 and rounds once:
+// rank 0 gives 1, the P-1 others a (P-1)th of 1's ulp each. Rounding after each addition would
+// lose every one of them (each is at most half an ulp, a tie going to the even 1); one rounding
+// gives 1 + ulp exactly.
+TEST_CASE_TEMPLATE("a small 16-bit all_reduce rounds once, not once per rank", T, cohort::fp16,
+                   cohort::bf16) {
+  const float ulp = std::same_as<T, cohort::fp16> ? 0x1p-10f : 0x1p-7f;
+  for (int p : {3, 5}) {
+    for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{2048}}) {
+      INFO("P=", p, " n=", n);
+      CHECK_NOTHROW(cohort::run_loopback(p, [&](auto& comm) {
+        const float mine = comm.rank() == 0 ? 1.0f : ulp / static_cast<float>(p - 1);
+        std::vector<T> x(n, T(mine));
+        cohort::all_reduce(comm, x, cohort::ops::sum);
+        for (std::size_t i = 0; i < n; ++i)
+          if (static_cast<float>(x[i]) != 1.0f + ulp)
+            throw ct::check_failed("element " + std::to_string(i) + " is " +
+                                   std::to_string(static_cast<float>(x[i])) + ", not 1 + ulp");
+      }));
+    }
+  }
+}

@@ -431,6 +431,24 @@ TEST_CASE("bulk conversions match the scalar ones bit for bit") {
   }
 }
 
+// The bulk path is the one the collectives reduce with; where the CPU has F16C it takes the
+// instructions even in a build without -mf16c, and must round exactly as the reference does.
+TEST_CASE("bulk float to fp16 rounds to nearest even like the reference, on every path") {
+  INFO("F16C: " << (COHORT_HAS_F16C ? "compiled in"
+                    : COHORT_F16C_AT_RUN_TIME && cohort::detail::cpu().f16c ? "chosen at run time"
+                                                                            : "not used"));
+  const std::vector<float>& in = sample();
+  std::vector<fp16> h(in.size());
+  cohort::to_fp16(in, h);
+  mismatches bulk;
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    const std::uint16_t want = reference_fp16(in[i]);
+    if (h[i].bits != want) bulk.add(bits_of(in[i]), h[i].bits, want);
+  }
+  INFO("to_fp16: " << bulk.first);
+  CHECK(bulk.count == 0);
+}
+
 TEST_CASE("bulk conversions of every 16-bit pattern match the scalar ones") {
   // 65535 patterns (odd), read back from a misaligned start to exercise unaligned loads.
   std::vector<fp16> h(65536);

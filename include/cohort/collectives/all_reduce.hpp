@@ -29,7 +29,7 @@ bool gather_reduce(Call& c, const T* in, std::size_t n, block b, T* out, const O
   const T* x = reinterpret_cast<const T*>(rows.data()) + b.offset;
   const std::size_t k = b.count;
   if constexpr (std::same_as<accumulator_t<T>, T>) {
-    // Row by row, so the loops vectorize; the same order and roundings as below.
+    // Row by row, so the loops vectorize; the same order and roundings as one element at a time.
     if (p == 2) {
       combine_last(x, x + n, out, k, op, p);
     } else {
@@ -37,13 +37,24 @@ bool gather_reduce(Call& c, const T* in, std::size_t n, block b, T* out, const O
       for (int q = 2; q + 1 < p; ++q) combine(out, x + q * n, out, k, op);
       combine_last(out, x + (p - 1) * n, out, k, op, p);
     }
-    return true;
-  }
-  for (std::size_t i = 0; i < k; ++i) {
-    accumulator_t<T> acc = widen(x[i]);
-    for (int q = 1; q < p; ++q) acc = op(acc, widen(x[q * n + i]));
-    if constexpr (finalizing_reduction_for<Op, T>) acc = op.finalize(acc, p);
-    out[i] = narrow<T>(acc);
+  } else {
+    // 16-bit floats: each element accumulated in fp32 over the rows in rank order and rounded
+    // once, a block at a time through the bulk conversions, which vectorize (with F16C where
+    // the CPU has it).
+    static_assert(is_16bit_float<T>);
+    float acc[widen_block], next[widen_block];
+    for (std::size_t i = 0; i < k; i += widen_block) {
+      const std::size_t m = min_of(widen_block, k - i);
+      widen_n(x + i, acc, m);
+      for (int q = 1; q < p; ++q) {
+        widen_n(x + q * n + i, next, m);
+        for (std::size_t j = 0; j < m; ++j) acc[j] = op(acc[j], next[j]);
+      }
+      if constexpr (finalizing_reduction_for<Op, T>) {
+        for (std::size_t j = 0; j < m; ++j) acc[j] = op.finalize(acc[j], p);
+      }
+      narrow_n(acc, out + i, m);
+    }
   }
   return true;
 }

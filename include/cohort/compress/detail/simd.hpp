@@ -10,10 +10,11 @@
 
 #include <atomic>
 
+#include <cohort/core/detail/cpu.hpp>
+
 #if !defined(COHORT_NO_SIMD_DISPATCH) && (defined(__x86_64__) || defined(__i386__)) && \
     (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__)
 #define COHORT_SIMD_X86 1
-#include <cpuid.h>
 #include <immintrin.h>
 /// Marks a function compiled for AVX2 and F16C (called only when the CPU has both).
 #define COHORT_TARGET_AVX2 __attribute__((target("avx2,f16c")))
@@ -31,23 +32,10 @@ enum class isa : int { portable = 0, avx2 = 1 };
 /// benchmarks that compare the two paths. Not for use while a codec runs on another thread.
 inline std::atomic<int> isa_cap{-1};
 
-/// What this CPU offers, detected once.
+/// What this CPU offers (core/detail/cpu.hpp).
 inline isa detected_isa() noexcept {
 #if COHORT_SIMD_X86
-  // CPUID: F16C (leaf 1, ecx bit 29), AVX2 (leaf 7, ebx bit 5), and the OS saving the AVX
-  // state (OSXSAVE, leaf 1 ecx bit 27, with XCR0 bits 1 and 2 set).
-  static const isa found = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return isa::portable;
-    const bool f16c = (c >> 29) & 1u, osxsave = (c >> 27) & 1u;
-    if (!f16c || !osxsave) return isa::portable;
-    unsigned xcr0_lo = 0, xcr0_hi = 0;
-    __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-    if ((xcr0_lo & 6u) != 6u) return isa::portable;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return isa::portable;
-    return (b >> 5) & 1u ? isa::avx2 : isa::portable;
-  }();
-  return found;
+  return cohort::detail::cpu().avx2 ? isa::avx2 : isa::portable;
 #else
   return isa::portable;
 #endif
