@@ -19,7 +19,7 @@ namespace {
 struct contender {
   std::string name;
   std::function<void()> run;
-  int isa_cap;  // -1: the CPU's best kernels; 0: portable
+  int kernel_cap;  // -1: the CPU's best kernels; 0: portable
   std::vector<double> seconds;
 };
 
@@ -62,19 +62,19 @@ int main(int argc, char** argv) {
 
   for (int round = 0; round < rounds + 1; ++round) {  // round 0 warms up
     for (auto& c : cs) {
-      cc::detail::isa_cap.store(c.isa_cap);
+      cohort::detail::kernel_cap.store(c.kernel_cap);
       const auto t0 = std::chrono::steady_clock::now();
       c.run();
       const double s = cb::seconds(std::chrono::steady_clock::now() - t0).count();
       if (round > 0) c.seconds.push_back(s);
     }
   }
-  cc::detail::isa_cap.store(-1);
+  cohort::detail::kernel_cap.store(-1);
 
   const cb::summary mem = cb::summarize(cs[0].seconds);
   const double gb = 4.0 * static_cast<double>(n) / 1e9;
   std::printf("%zu MiB of fp32 per pass, %d rounds, kernels: %s\n\n", mib, rounds,
-              cc::detail::detected_isa() == cc::detail::isa::avx2 ? "AVX2+F16C" : "portable");
+              cohort::detail::detected_cpu().avx2 ? "AVX2+F16C" : "portable");
   std::printf("| codec | GB/s of input, median | min - max | vs memcpy |\n");
   std::printf("|---|---|---|---|\n");
   for (const auto& c : cs) {

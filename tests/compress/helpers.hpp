@@ -68,12 +68,13 @@ std::vector<float> decoded(const Codec& c, std::span<const std::byte> bytes, std
   return x;
 }
 
-// Runs `fn` with the codec kernels capped at `cap` (0: portable, -1: the CPU's best).
+// Runs `fn` with the kernels (codecs and fp16 conversions) capped at `cap` (0: portable, -1:
+// the CPU's best; core/detail/cpu.hpp).
 template <class Fn>
 void with_isa(int cap, Fn&& fn) {
-  compress::detail::isa_cap.store(cap);
+  cohort::detail::kernel_cap.store(cap);
   fn();
-  compress::detail::isa_cap.store(-1);
+  cohort::detail::kernel_cap.store(-1);
 }
 
 }  // namespace cohort::test

@@ -278,9 +278,22 @@ TEST_CASE("every bf16 converts to float exactly and back bit for bit") {
 
 // ---- Rounding against the reference ---------------------------------------------------------
 
+// The bulk path is the one the collectives reduce with: with F16C where the CPU has it, in a
+// build without -mf16c too, and portable under kernel_cap 0; both must round as the reference.
 TEST_CASE("float to fp16 rounds to nearest even like the reference") {
-  mismatches scalar, portable, narrowed;
-  for (float x : sample()) {
+  const std::vector<float>& in = sample();
+  mismatches scalar, portable, narrowed, bulk[2];
+  std::vector<fp16> h(in.size());
+  for (int path = 0; path < 2; ++path) {
+    cohort::detail::kernel_cap.store(path == 0 ? -1 : 0);
+    cohort::to_fp16(in, h);
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      const std::uint16_t want = reference_fp16(in[i]);
+      if (h[i].bits != want) bulk[path].add(bits_of(in[i]), h[i].bits, want);
+    }
+  }
+  cohort::detail::kernel_cap.store(-1);
+  for (float x : in) {
     const std::uint16_t want = reference_fp16(x);
     if (fp16(x).bits != want) scalar.add(bits_of(x), fp16(x).bits, want);
     const std::uint16_t p = cohort::detail::f32_to_f16_portable(x);
@@ -288,13 +301,18 @@ TEST_CASE("float to fp16 rounds to nearest even like the reference") {
     const std::uint16_t n = cohort::narrow<fp16>(x).bits;
     if (n != want) narrowed.add(bits_of(x), n, want);
   }
-  CHECK(sample().size() > 500000);
+  CHECK(in.size() > 500000);
   INFO("fp16(float): " << scalar.first);
   CHECK(scalar.count == 0);
   INFO("portable path: " << portable.first);
   CHECK(portable.count == 0);
   INFO("narrow<fp16>: " << narrowed.first);
   CHECK(narrowed.count == 0);
+  const std::string f16c = cohort::detail::detected_cpu().f16c ? "F16C" : "no F16C here";
+  INFO("to_fp16 (" << f16c << "): " << bulk[0].first);
+  CHECK(bulk[0].count == 0);
+  INFO("to_fp16, portable: " << bulk[1].first);
+  CHECK(bulk[1].count == 0);
 }
 
 TEST_CASE("float to bf16 rounds to nearest even like the reference") {
@@ -431,26 +449,9 @@ TEST_CASE("bulk conversions match the scalar ones bit for bit") {
   }
 }
 
-// The bulk path is the one the collectives reduce with; where the CPU has F16C it takes the
-// instructions even in a build without -mf16c, and must round exactly as the reference does.
-TEST_CASE("bulk float to fp16 rounds to nearest even like the reference, on every path") {
-  INFO("F16C: " << (COHORT_HAS_F16C ? "compiled in"
-                    : COHORT_F16C_AT_RUN_TIME && cohort::detail::cpu().f16c ? "chosen at run time"
-                                                                            : "not used"));
-  const std::vector<float>& in = sample();
-  std::vector<fp16> h(in.size());
-  cohort::to_fp16(in, h);
-  mismatches bulk;
-  for (std::size_t i = 0; i < in.size(); ++i) {
-    const std::uint16_t want = reference_fp16(in[i]);
-    if (h[i].bits != want) bulk.add(bits_of(in[i]), h[i].bits, want);
-  }
-  INFO("to_fp16: " << bulk.first);
-  CHECK(bulk.count == 0);
-}
-
-TEST_CASE("bulk conversions of every 16-bit pattern match the scalar ones") {
-  // 65535 patterns (odd), read back from a misaligned start to exercise unaligned loads.
+TEST_CASE("bulk conversions of every 16-bit pattern match the scalar ones, on every path") {
+  // 65535 patterns (odd), read back from a misaligned start to exercise unaligned loads; on
+  // the CPU's kernels and then on the portable paths only (kernel_cap 0).
   std::vector<fp16> h(65536);
   std::vector<bf16> b(65536);
   for (std::uint32_t i = 0; i < 65536; ++i) {
@@ -459,21 +460,26 @@ TEST_CASE("bulk conversions of every 16-bit pattern match the scalar ones") {
   }
   const std::span<const fp16> hs = std::span<const fp16>(h).subspan(1);
   const std::span<const bf16> bs = std::span<const bf16>(b).subspan(1);
-  std::vector<float> f16(hs.size()), fb(bs.size());
-  cohort::from_fp16(hs, f16);
-  cohort::from_bf16(bs, fb);
-  std::vector<fp16> h2(hs.size());
-  std::vector<bf16> b2(bs.size());
-  cohort::to_fp16(f16, h2);
-  cohort::to_bf16(fb, b2);
-  std::size_t bad = 0;
-  for (std::size_t i = 0; i < hs.size(); ++i) {
-    bad += bits_of(f16[i]) != bits_of(static_cast<float>(hs[i]));
-    bad += bits_of(fb[i]) != bits_of(static_cast<float>(bs[i]));
-    bad += h2[i].bits != fp16(f16[i]).bits;
-    bad += b2[i].bits != bf16(fb[i]).bits;
+  for (const int cap : {-1, 0}) {
+    CAPTURE(cap);
+    cohort::detail::kernel_cap.store(cap);
+    std::vector<float> f16(hs.size()), fb(bs.size());
+    cohort::from_fp16(hs, f16);
+    cohort::from_bf16(bs, fb);
+    std::vector<fp16> h2(hs.size());
+    std::vector<bf16> b2(bs.size());
+    cohort::to_fp16(f16, h2);
+    cohort::to_bf16(fb, b2);
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < hs.size(); ++i) {
+      bad += bits_of(f16[i]) != bits_of(static_cast<float>(hs[i]));
+      bad += bits_of(fb[i]) != bits_of(static_cast<float>(bs[i]));
+      bad += h2[i].bits != fp16(f16[i]).bits;
+      bad += b2[i].bits != bf16(fb[i]).bits;
+    }
+    CHECK(bad == 0);
   }
-  CHECK(bad == 0);
+  cohort::detail::kernel_cap.store(-1);
 }
 
 // ---- widen / narrow -------------------------------------------------------------------------

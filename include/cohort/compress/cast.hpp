@@ -5,8 +5,9 @@
 /// runs on the 16-bit values and accumulates every hop in fp32. Per element, rounding keeps
 /// |x - decode(encode(x))| <= 2^-11 |x| for fp16 (normal range, 2^-14 <= |x| <= 65504) and
 /// <= 2^-8 |x| for bf16 (normal floats). The bits are those of `cohort::fp16(x)` and
-/// `cohort::bf16(x)`: the portable path is core/dtype.hpp's bulk conversions; where the CPU has
-/// AVX2 and F16C, the same conversions run 8 at a time (F16C's VCVTPS2PH for fp16).
+/// `cohort::bf16(x)`. Encoding to fp16 is core/dtype.hpp's `to_fp16`, 8 at a time with F16C
+/// where the CPU has it; bf16 encoding, accumulation and decoding run 8 or 16 at a time where
+/// the CPU has AVX2 and F16C, and through core/dtype.hpp's portable conversions otherwise.
 #pragma once
 
 #include <cassert>
@@ -53,18 +54,6 @@ void cast_accumulate_portable(const W* in, const float* mine, W* out, std::size_
 }
 
 #if COHORT_SIMD_X86
-COHORT_TARGET_AVX2 inline void to_fp16_avx2(const float* in, cohort::fp16* out,
-                                            std::size_t n) noexcept {
-  std::size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m128i a = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
-    const __m128i b = _mm256_cvtps_ph(_mm256_loadu_ps(in + i + 8), _MM_FROUND_TO_NEAREST_INT);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), a);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 8), b);
-  }
-  for (; i < n; ++i) out[i].bits = cohort::detail::f32_to_f16_portable(in[i]);
-}
-
 // The bf16 rounding of core/dtype.hpp (`f32_to_bf16`) on 8 floats' bits, in 32-bit lanes.
 [[gnu::always_inline]] COHORT_TARGET_AVX2 inline __m256i bf16_round8(__m256i x) noexcept {
   const __m256i top = _mm256_srli_epi32(x, 16);
@@ -158,15 +147,14 @@ COHORT_TARGET_AVX2 void bf16_decode_avx2(const cohort::bf16* in, float* x,
 /// Rounds `n` floats to W (fp16 or bf16) on the best path this CPU has.
 template <class W>
 void cast_encode(const float* in, W* out, std::size_t n) noexcept {
+  if constexpr (std::same_as<W, cohort::fp16>) {
+    to_fp16({in, n}, {out, n});  // F16C where the CPU has it (core/dtype.hpp)
+  } else {
 #if COHORT_SIMD_X86
-  if (active_isa() == isa::avx2) {
-    if constexpr (std::same_as<W, cohort::fp16>) to_fp16_avx2(in, out, n);
-    else to_bf16_avx2(in, out, n);
-    return;
-  }
+    if (active_isa() == isa::avx2) return to_bf16_avx2(in, out, n);
 #endif
-  if constexpr (std::same_as<W, cohort::fp16>) to_fp16({in, n}, {out, n});
-  else to_bf16({in, n}, {out, n});
+    to_bf16({in, n}, {out, n});
+  }
 }
 
 /// One hop of the summable ring: out[i] = W(float(in[i]) + mine[i]), accumulated in fp32 and

@@ -5,13 +5,13 @@
 /// Conversions to 16 bits round to nearest, ties to even; NaN stays NaN (made quiet, the top
 /// payload bits kept), infinities stay infinite, overflow gives infinity, and subnormal results
 /// are rounded correctly, never flushed. Conversions to float are exact.
-/// With `__F16C__` defined (e.g. `-mf16c` or `-march=haswell`) fp16 conversions use the F16C
-/// instructions; otherwise a portable, branch-free bit-manipulation path runs (it assumes the
-/// default floating-point rounding mode), and the bulk conversions (`to_fp16`, `from_fp16`,
-/// which the collectives' fp16 reductions use) still take F16C where the CPU has it, asked once
-/// at run time (core/detail/cpu.hpp): a build without `-march` flags reduces fp16 3 to 6 times
-/// faster on such a CPU (bench/RESULTS.md). Every path gives the same bits for every input, so
-/// ranks built or run either way agree; define `COHORT_NO_F16C` for the portable path only.
+/// The bulk conversions `to_fp16` and `from_fp16` (which the collectives' fp16 reductions use)
+/// convert 8 at a time with F16C where the CPU has it, asked once at run time
+/// (core/detail/cpu.hpp), so a build without `-march` flags gets them too (bench/RESULTS.md);
+/// the scalar ones use F16C where `__F16C__` is defined (e.g. `-mf16c` or `-march=haswell`).
+/// Otherwise a portable, branch-free bit-manipulation path runs (it assumes the default
+/// floating-point rounding mode). Every path gives the same bits for every input, so ranks
+/// built or run either way agree; define `COHORT_NO_F16C` for the portable path only.
 /// Nothing here allocates, locks or throws.
 #pragma once
 
@@ -24,7 +24,8 @@
 #include <string_view>
 #include <type_traits>
 
-// The F16C path is host-only; define COHORT_NO_F16C to force the portable path.
+// The scalar conversions use F16C where it is compiled in (host only); define COHORT_NO_F16C
+// to force the portable path.
 #if !defined(COHORT_NO_F16C) && !defined(__CUDA_ARCH__) && \
     (defined(__F16C__) || (defined(_MSC_VER) && defined(__AVX2__)))
 #define COHORT_HAS_F16C 1
@@ -33,10 +34,11 @@
 #define COHORT_HAS_F16C 0
 #endif
 
-// Without F16C at compile time, the bulk conversions ask the CPU (GCC and Clang on x86; the
-// kernels are written with the compiler's builtins, which need no intrinsics header).
+// The bulk conversions ask the CPU (GCC and Clang on x86), with or without F16C at compile
+// time, so that every translation unit has the same body for them; their kernels are written
+// with the compiler's builtins, which need no intrinsics header.
 #include <cohort/core/detail/cpu.hpp>
-#if !COHORT_HAS_F16C && !defined(COHORT_NO_F16C) && COHORT_CPU_X86
+#if !defined(COHORT_NO_F16C) && COHORT_CPU_X86
 #define COHORT_F16C_AT_RUN_TIME 1
 #else
 #define COHORT_F16C_AT_RUN_TIME 0
@@ -304,13 +306,13 @@ inline void to_fp16(std::span<const float> in, std::span<fp16> out) noexcept {
   const float* src = in.data();
   fp16* dst = out.data();
   std::size_t i = 0;
-#if COHORT_HAS_F16C
+#if COHORT_F16C_AT_RUN_TIME
+  if (detail::cpu().f16c) i = detail::f32_to_f16_f16c(src, dst, n);
+#elif COHORT_HAS_F16C  // MSVC with /arch:AVX2
   for (const std::size_t n8 = n - n % 8; i < n8; i += 8) {
     const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
   }
-#elif COHORT_F16C_AT_RUN_TIME
-  if (detail::cpu().f16c) i = detail::f32_to_f16_f16c(src, dst, n);
 #endif
   for (; i < n; ++i) dst[i].bits = detail::f32_to_f16(src[i]);
 }
@@ -322,13 +324,13 @@ inline void from_fp16(std::span<const fp16> in, std::span<float> out) noexcept {
   const fp16* src = in.data();
   float* dst = out.data();
   std::size_t i = 0;
-#if COHORT_HAS_F16C
+#if COHORT_F16C_AT_RUN_TIME
+  if (detail::cpu().f16c) i = detail::f16_to_f32_f16c(src, dst, n);
+#elif COHORT_HAS_F16C  // MSVC with /arch:AVX2
   for (const std::size_t n8 = n - n % 8; i < n8; i += 8) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
     _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
   }
-#elif COHORT_F16C_AT_RUN_TIME
-  if (detail::cpu().f16c) i = detail::f16_to_f32_f16c(src, dst, n);
 #endif
   for (; i < n; ++i) dst[i] = detail::f16_to_f32(src[i].bits);
 }
