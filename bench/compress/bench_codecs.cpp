@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   const cb::summary mem = cb::summarize(cs[0].seconds);
   const double gb = 4.0 * static_cast<double>(n) / 1e9;
   std::printf("%zu MiB of fp32 per pass, %d rounds, kernels: %s\n\n", mib, rounds,
-              cohort::detail::detected_cpu().avx2 ? "AVX2+F16C" : "portable");
+              cc::detail::active_isa() == cc::detail::isa::avx2 ? "AVX2+F16C" : "portable");
   std::printf("| codec | GB/s of input, median | min - max | vs memcpy |\n");
   std::printf("|---|---|---|---|\n");
   for (const auto& c : cs) {

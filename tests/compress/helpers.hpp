@@ -11,6 +11,8 @@
 
 #include <cohort/compress/all_reduce.hpp>
 
+#include "../support.hpp"
+
 namespace cohort::test {
 
 inline std::uint64_t splitmix(std::uint64_t x) {
@@ -72,9 +74,8 @@ std::vector<float> decoded(const Codec& c, std::span<const std::byte> bytes, std
 // the CPU's best; core/detail/cpu.hpp).
 template <class Fn>
 void with_isa(int cap, Fn&& fn) {
-  cohort::detail::kernel_cap.store(cap);
+  const kernel_cap_guard capped(cap);
   fn();
-  cohort::detail::kernel_cap.store(-1);
 }
 
 }  // namespace cohort::test

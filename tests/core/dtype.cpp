@@ -12,9 +12,7 @@
 #include <type_traits>
 #include <vector>
 
-#include <ostream>
-
-#include <doctest/doctest.h>
+#include "../support.hpp"
 
 namespace {
 
@@ -285,14 +283,13 @@ TEST_CASE("float to fp16 rounds to nearest even like the reference") {
   mismatches scalar, portable, narrowed, bulk[2];
   std::vector<fp16> h(in.size());
   for (int path = 0; path < 2; ++path) {
-    cohort::detail::kernel_cap.store(path == 0 ? -1 : 0);
+    const cohort::test::kernel_cap_guard capped(path == 0 ? -1 : 0);
     cohort::to_fp16(in, h);
     for (std::size_t i = 0; i < in.size(); ++i) {
       const std::uint16_t want = reference_fp16(in[i]);
       if (h[i].bits != want) bulk[path].add(bits_of(in[i]), h[i].bits, want);
     }
   }
-  cohort::detail::kernel_cap.store(-1);
   for (float x : in) {
     const std::uint16_t want = reference_fp16(x);
     if (fp16(x).bits != want) scalar.add(bits_of(x), fp16(x).bits, want);
@@ -462,7 +459,7 @@ TEST_CASE("bulk conversions of every 16-bit pattern match the scalar ones, on ev
   const std::span<const bf16> bs = std::span<const bf16>(b).subspan(1);
   for (const int cap : {-1, 0}) {
     CAPTURE(cap);
-    cohort::detail::kernel_cap.store(cap);
+    const cohort::test::kernel_cap_guard capped(cap);
     std::vector<float> f16(hs.size()), fb(bs.size());
     cohort::from_fp16(hs, f16);
     cohort::from_bf16(bs, fb);
@@ -479,7 +476,21 @@ TEST_CASE("bulk conversions of every 16-bit pattern match the scalar ones, on ev
     }
     CHECK(bad == 0);
   }
-  cohort::detail::kernel_cap.store(-1);
+}
+
+// The kernels above are only as good as the detection that chooses them: a detection that
+// found nothing would leave every test on the portable path and still pass.
+TEST_CASE("the CPU's features are found as the compiler's own detection finds them") {
+  const cohort::detail::cpu_features& found = cohort::detail::detected_cpu();
+  CHECK((!found.avx2 || found.f16c));
+#if COHORT_CPU_X86 && defined(__GNUC__) && !defined(__clang__)  // clang 14 lacks "f16c"
+  __builtin_cpu_init();
+  CHECK(found.f16c == (__builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx")));
+  CHECK(found.avx2 == (__builtin_cpu_supports("avx2") && found.f16c));
+#endif
+  const cohort::test::kernel_cap_guard capped(0);
+  CHECK_FALSE(cohort::detail::cpu().f16c);
+  CHECK_FALSE(cohort::detail::cpu().avx2);
 }
 
 // ---- widen / narrow -------------------------------------------------------------------------

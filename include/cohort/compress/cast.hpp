@@ -6,8 +6,9 @@
 /// |x - decode(encode(x))| <= 2^-11 |x| for fp16 (normal range, 2^-14 <= |x| <= 65504) and
 /// <= 2^-8 |x| for bf16 (normal floats). The bits are those of `cohort::fp16(x)` and
 /// `cohort::bf16(x)`. Encoding to fp16 is core/dtype.hpp's `to_fp16`, 8 at a time with F16C
-/// where the CPU has it; bf16 encoding, accumulation and decoding run 8 or 16 at a time where
-/// the CPU has AVX2 and F16C, and through core/dtype.hpp's portable conversions otherwise.
+/// where the CPU has it; the rest (bf16 encoding, and accumulation and decoding of both) runs 8
+/// or 16 at a time where the CPU has AVX2 and F16C, and otherwise element by element through
+/// core/dtype.hpp's scalar conversions (its bulk ones where a decode only assigns).
 #pragma once
 
 #include <cassert>

@@ -8,10 +8,13 @@
 /// The bulk conversions `to_fp16` and `from_fp16` (which the collectives' fp16 reductions use)
 /// convert 8 at a time with F16C where the CPU has it, asked once at run time
 /// (core/detail/cpu.hpp), so a build without `-march` flags gets them too (bench/RESULTS.md);
-/// the scalar ones use F16C where `__F16C__` is defined (e.g. `-mf16c` or `-march=haswell`).
-/// Otherwise a portable, branch-free bit-manipulation path runs (it assumes the default
-/// floating-point rounding mode). Every path gives the same bits for every input, so ranks
-/// built or run either way agree; define `COHORT_NO_F16C` for the portable path only.
+/// everything else, their tails included, runs a portable, branch-free bit-manipulation path
+/// (it assumes the default floating-point rounding mode). With GCC and Clang that holds
+/// whatever the flags (`-mf16c` included), so every translation unit has the same source for
+/// these inline functions and `cohort::detail::kernel_cap` 0 makes them all portable; MSVC
+/// with `/arch:AVX2` uses the F16C instructions throughout instead. Every path gives the same
+/// bits for every input, so ranks built or run either way agree; define `COHORT_NO_F16C` for
+/// the portable path only.
 /// Nothing here allocates, locks or throws.
 #pragma once
 
@@ -24,19 +27,18 @@
 #include <string_view>
 #include <type_traits>
 
-// The scalar conversions use F16C where it is compiled in (host only); define COHORT_NO_F16C
-// to force the portable path.
-#if !defined(COHORT_NO_F16C) && !defined(__CUDA_ARCH__) && \
-    (defined(__F16C__) || (defined(_MSC_VER) && defined(__AVX2__)))
+// MSVC with /arch:AVX2 (host only) converts with the F16C intrinsics; define COHORT_NO_F16C to
+// force the portable path.
+#if !defined(COHORT_NO_F16C) && !defined(__CUDA_ARCH__) && defined(_MSC_VER) && defined(__AVX2__)
 #define COHORT_HAS_F16C 1
 #include <immintrin.h>
 #else
 #define COHORT_HAS_F16C 0
 #endif
 
-// The bulk conversions ask the CPU (GCC and Clang on x86), with or without F16C at compile
-// time, so that every translation unit has the same body for them; their kernels are written
-// with the compiler's builtins, which need no intrinsics header.
+// GCC and Clang on x86: the bulk conversions ask the CPU, whatever the flags, so that every
+// translation unit has the same source for them; their kernels are written with the
+// compiler's builtins, which need no intrinsics header.
 #include <cohort/core/detail/cpu.hpp>
 #if !defined(COHORT_NO_F16C) && COHORT_CPU_X86
 #define COHORT_F16C_AT_RUN_TIME 1
@@ -94,11 +96,10 @@ constexpr float f16_to_f32_portable(std::uint16_t h) noexcept {
   return std::bit_cast<float>(r | sign);
 }
 
-// float -> binary16 bits, with F16C where it is compiled in.
+// float -> binary16 bits: portable, or F16C under MSVC with /arch:AVX2.
 constexpr std::uint16_t f32_to_f16(float f) noexcept {
 #if COHORT_HAS_F16C
   if (!std::is_constant_evaluated()) {
-    // _cvtss_sh spelled out: clang's macro uses a compound literal, which -Wpedantic flags.
     const __m128i h = _mm_cvtps_ph(_mm_set_ss(f), _MM_FROUND_TO_NEAREST_INT);
     return static_cast<std::uint16_t>(_mm_cvtsi128_si32(h));
   }
@@ -106,7 +107,7 @@ constexpr std::uint16_t f32_to_f16(float f) noexcept {
   return f32_to_f16_portable(f);
 }
 
-// binary16 bits -> float, with F16C where it is compiled in.
+// binary16 bits -> float: portable, or F16C under MSVC with /arch:AVX2.
 constexpr float f16_to_f32(std::uint16_t h) noexcept {
 #if COHORT_HAS_F16C
   if (!std::is_constant_evaluated()) return _cvtsh_ss(h);

@@ -5,7 +5,9 @@
 /// compiled as separate functions with a target attribute and chosen once, at first use, by
 /// asking the CPU. Every kernel pair computes the same IEEE operations in the same order (no
 /// FMA is enabled, so nothing contracts), so both paths give the same bits and ranks on
-/// different CPUs agree. Define `COHORT_NO_SIMD_DISPATCH` to compile the portable path only.
+/// different CPUs agree. Define `COHORT_NO_SIMD_DISPATCH` to compile the portable codec kernels
+/// only; the fp16 conversions they call (core/dtype.hpp's bulk conversions) follow
+/// `COHORT_NO_F16C` instead. `cohort::detail::kernel_cap` 0 turns both to portable at run time.
 #pragma once
 
 #include <cohort/core/detail/cpu.hpp>

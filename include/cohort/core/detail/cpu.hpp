@@ -4,7 +4,8 @@
 /// attribute and called only where the CPU (and the OS, which must save the AVX registers)
 /// has them. The fp16 bulk conversions (core/dtype.hpp) and the codec kernels
 /// (compress/detail/simd.hpp) choose with `cpu()`, so one switch, `kernel_cap`, turns all of
-/// them to their portable paths.
+/// them to their portable paths (except under MSVC with `/arch:AVX2`, whose fp16 conversions
+/// are F16C instructions throughout: core/dtype.hpp).
 #pragma once
 
 #include <atomic>
@@ -27,7 +28,7 @@ struct cpu_features {
 #if COHORT_CPU_X86
 /// CPUID leaf `leaf`, subleaf `sub`: eax, ebx, ecx, edx. Spelled out rather than taken from
 /// <cpuid.h>, which would reach every file that includes the library and declare `__cpuid`
-/// and the `bit_*` macros there.
+/// and the `bit_*` macros there. Every x86-64 CPU has CPUID, as has every x86 since the 586.
 inline void cpuid(unsigned leaf, unsigned sub, unsigned (&r)[4]) noexcept {
   __asm__ __volatile__("cpuid"
                        : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3])
@@ -50,7 +51,7 @@ inline const cpu_features& detected_cpu() noexcept {
     constexpr unsigned f16c_avx_osxsave = (1u << 29) | (1u << 28) | (1u << 27);
     if ((r[2] & f16c_avx_osxsave) != f16c_avx_osxsave) return f;
     unsigned xcr0_lo = 0, xcr0_hi = 0;
-    __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    __asm__ __volatile__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
     if ((xcr0_lo & 6u) != 6u) return f;
     f.f16c = true;
     if (highest >= 7) {
